@@ -1,0 +1,551 @@
+#!/usr/bin/env python3
+"""The ddp-lab built-in lab: three systemd containers that play three laptops.
+
+Subcommands (``lab/lab.py --help``):
+
+- ``image``  build ``localhost/ddp-lab-node:bookworm`` offline: debootstrap (cached tarball) ->
+  ``podman import`` -> ``podman build`` from ``lab/image/Containerfile``. Skipped when the image
+  carries the hash of the current recipe in its ``ddp-lab.recipe`` label.
+- ``up``     network ``ddp-lab`` + containers ``laptop-a/b/c`` (systemd as PID 1), waits for systemd,
+  checks that a server on the network gateway (the controller) is reachable from a node, and writes
+  ``inventory/lab/hosts.yml``. A second run changes nothing.
+- ``down``   removes the containers, the network and the generated inventory.
+- ``status`` one line per node.
+- ``detect`` container-runtime detection alone (see below); prints the containers.conf path.
+
+Container-runtime detection: some hosts cannot run podman's defaults (crun fails with "cgroups in
+hybrid mode", or the runtime may not raise RLIMIT_NOFILE/RLIMIT_NPROC as high as podman asks for).
+A tiny probe container finds out; what it needs is written to ``lab/.state/containers.conf`` (the
+host's own containers.conf settings merged with the overrides), and every podman user of the
+project points ``CONTAINERS_CONF`` at it (the Makefile, ``lab/env.sh``, the molecule base config).
+
+Only the standard library is used, so the script runs before the controller venv exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import hashlib
+import http.server
+import json
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+try:
+    import tomllib
+except ImportError:  # Python < 3.11: the host's containers.conf cannot be carried over
+    tomllib = None
+
+REPO = Path(__file__).resolve().parent.parent
+LAB_DIR = REPO / "lab"
+RECIPE_DIR = LAB_DIR / "image"
+STATE_DIR = Path(os.environ.get("DDP_LAB_STATE_DIR", LAB_DIR / ".state"))
+CONTAINERS_CONF = STATE_DIR / "containers.conf"
+INVENTORY_FILE = REPO / "inventory" / "lab" / "hosts.yml"
+
+SUITE = "bookworm"
+MIRROR = os.environ.get("DDP_LAB_MIRROR", "http://deb.debian.org/debian")
+BASE_IMAGE = f"localhost/ddp-lab-base:{SUITE}"
+NODE_IMAGE = f"localhost/ddp-lab-node:{SUITE}"
+NETWORK = "ddp-lab"
+NODES = ("laptop-a", "laptop-b", "laptop-c")
+LABEL = "ddp-lab.lab"
+RECIPE_LABEL = "ddp-lab.recipe"
+
+# Upper bounds podman itself would use for root; the probe lowers them until the runtime accepts.
+RLIMIT_CEILING = {"nofile": 1048576, "nproc": 4194304}
+RLIMIT_FLOOR = 1024
+SYSTEMD_READY_TIMEOUT_S = 120
+
+
+class LabError(Exception):
+    """A failure the user can act on; the message says what to do."""
+
+
+def log(msg: str) -> None:
+    print(f"lab: {msg}", flush=True)
+
+
+# --------------------------------------------------------------------------- podman plumbing
+
+
+def podman_env() -> dict[str, str]:
+    """Environment for podman: the project's containers.conf once it exists."""
+    env = dict(os.environ)
+    if CONTAINERS_CONF.is_file():
+        env["CONTAINERS_CONF"] = str(CONTAINERS_CONF)
+    return env
+
+
+def podman(*args: str, check: bool = True, capture: bool = True, timeout: float | None = 600,
+           input_bytes: bytes | None = None) -> subprocess.CompletedProcess:
+    """Run ``podman ARGS``; raise LabError with podman's stderr when ``check`` and it fails."""
+    if shutil.which("podman") is None:
+        raise LabError("podman is not installed: run `make deps` (or lab/host-deps.sh as root)")
+    proc = subprocess.run(
+        ["podman", *args], env=podman_env(), capture_output=capture, timeout=timeout,
+        input=input_bytes, check=False,
+    )
+    if check and proc.returncode != 0:
+        err = proc.stderr.decode(errors="replace").strip() if capture else ""
+        raise LabError(f"`podman {' '.join(args)}` failed (exit {proc.returncode}): {err}")
+    return proc
+
+
+def out(proc: subprocess.CompletedProcess) -> str:
+    return proc.stdout.decode(errors="replace").strip()
+
+
+def image_exists(name: str) -> bool:
+    return podman("image", "exists", name, check=False).returncode == 0
+
+
+def image_label(name: str, label: str) -> str | None:
+    if not image_exists(name):
+        return None
+    value = out(podman("image", "inspect", "--format", f'{{{{ index .Labels "{label}" }}}}', name))
+    return value if value and value != "<no value>" else None
+
+
+# --------------------------------------------------------------------------- containers.conf
+
+
+def _system_conf_files() -> list[Path]:
+    """containers.conf files podman reads when CONTAINERS_CONF is unset, lowest priority first."""
+    files = [Path("/usr/share/containers/containers.conf"), Path("/etc/containers/containers.conf")]
+    dropins = Path("/etc/containers/containers.conf.d")
+    if dropins.is_dir():
+        files += sorted(dropins.glob("*.conf"))
+    if os.geteuid() != 0:
+        cfg = Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "containers"
+        files.append(cfg / "containers.conf")
+        if (cfg / "containers.conf.d").is_dir():
+            files += sorted((cfg / "containers.conf.d").glob("*.conf"))
+    return [f for f in files if f.is_file()]
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise LabError(f"cannot write {type(value).__name__} values to containers.conf")
+
+
+def dump_toml(data: dict, prefix: tuple[str, ...] = ()) -> str:
+    """Serialise the subset of TOML that containers.conf uses (tables, scalars, arrays)."""
+    lines = [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    text = ""
+    if prefix and (lines or not any(isinstance(v, dict) for v in data.values())):
+        text += "\n[" + ".".join(_toml_key(p) for p in prefix) + "]\n"
+    if lines:
+        text += "\n".join(lines) + "\n"
+    for key, value in data.items():
+        if isinstance(value, dict):
+            text += dump_toml(value, (*prefix, key))
+    return text
+
+
+def write_containers_conf(overrides: dict, notes: list[str]) -> bool:
+    """Write lab/.state/containers.conf = host settings + overrides. Returns True when it changed."""
+    settings: dict = {}
+    for path in _system_conf_files():
+        if tomllib is None:
+            log(f"warning: Python < 3.11 cannot read {path}; its settings are not in {CONTAINERS_CONF}")
+            continue
+        with path.open("rb") as fh:
+            settings = _merge(settings, tomllib.load(fh))
+    settings = _merge(settings, overrides)
+    header = [
+        "# Written by lab/lab.py (container-runtime detection); regenerated by `make image`/`make lab-up`.",
+        "# Podman reads ONLY this file when CONTAINERS_CONF points here, so it carries the host's own",
+        "# containers.conf settings plus what this host needs for the lab:",
+        *(f"#   {n}" for n in notes or ["nothing: podman's defaults work here"]),
+    ]
+    text = "\n".join(header) + "\n" + dump_toml(settings)
+    old = CONTAINERS_CONF.read_text() if CONTAINERS_CONF.is_file() else None
+    if old == text:
+        return False
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    tmp = CONTAINERS_CONF.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(CONTAINERS_CONF)
+    return True
+
+
+def _hard_limit(which: int, ceiling: int) -> int:
+    hard = resource.getrlimit(which)[1]
+    return ceiling if hard == resource.RLIM_INFINITY else min(hard, ceiling)
+
+
+def _lower(value: int) -> int:
+    """The next candidate below ``value``: the largest power of two strictly smaller."""
+    return 1 << ((value - 1).bit_length() - 1)
+
+
+def _probe(image: str) -> tuple[bool, str]:
+    proc = podman("run", "--rm", "--network", "none", "--pull", "never", image, "true",
+                  check=False, timeout=120)
+    return proc.returncode == 0, proc.stderr.decode(errors="replace").strip()
+
+
+def detect_runtime(image: str) -> Path:
+    """Find podman settings under which a container starts on this host; write containers.conf.
+
+    Probes ``podman run --rm IMAGE true``. On crun's "cgroups in hybrid mode" (or any other
+    failure of a non-runc default runtime) switches to runc; on an rlimit error caps
+    ``default_ulimits`` at the hard limit of this process, then at lower powers of two, until
+    the runtime accepts them. Raises LabError naming the podman error when nothing works.
+    """
+    if CONTAINERS_CONF.is_file() and _probe(image)[0]:
+        return CONTAINERS_CONF  # the earlier result still works (delete the file to detect afresh)
+    overrides: dict = {}
+    notes: list[str] = []
+    write_containers_conf(overrides, notes)
+    ulimits: dict[str, int] | None = None
+    for _ in range(40):
+        ok, err = _probe(image)
+        if ok:
+            if ulimits:
+                notes.append("rlimits: " + ", ".join(f"{k}={v}" for k, v in ulimits.items())
+                             + " (the runtime may not set podman's defaults here)")
+                write_containers_conf(overrides, notes)
+            return CONTAINERS_CONF
+        low = err.lower()
+        rlimit_err = "rlimit" in low
+        if rlimit_err:
+            if ulimits is None:
+                ulimits = {"nofile": _hard_limit(resource.RLIMIT_NOFILE, RLIMIT_CEILING["nofile"]),
+                           "nproc": _hard_limit(resource.RLIMIT_NPROC, RLIMIT_CEILING["nproc"])}
+            else:
+                # runc: "error setting rlimit type 7" (7 = NOFILE, 6 = NPROC); crun names it.
+                hit = [k for k, pats in (("nofile", ("type 7", "nofile")), ("nproc", ("type 6", "nproc")))
+                       if any(p in low for p in pats)] or ["nofile", "nproc"]
+                for key in hit:
+                    ulimits[key] = _lower(ulimits[key])
+            if min(ulimits.values()) < RLIMIT_FLOOR:
+                raise LabError(f"containers fail to start even with low rlimits {ulimits}: {err}")
+            overrides.setdefault("containers", {})["default_ulimits"] = [
+                f"{k}={v}:{v}" for k, v in ulimits.items()]
+        elif overrides.get("engine", {}).get("runtime") != "runc" and shutil.which("runc"):
+            why = "crun cannot run on cgroups v1/hybrid hosts" if "hybrid" in low else err.splitlines()[-1]
+            notes.append(f"runtime = runc ({why})")
+            overrides.setdefault("engine", {})["runtime"] = "runc"
+        else:
+            raise LabError(f"podman cannot start a container on this host: {err}")
+        write_containers_conf(overrides, notes)
+    raise LabError(f"container-runtime detection did not converge; last podman error: {err}")
+
+
+# --------------------------------------------------------------------------- image
+
+
+def recipe_hash() -> str:
+    """sha256 over the files of lab/image/ and the debootstrap parameters."""
+    digest = hashlib.sha256(f"{SUITE} minbase {MIRROR}\n".encode())
+    for path in sorted(p for p in RECIPE_DIR.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(RECIPE_DIR)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def base_tarball() -> Path:
+    """The debootstrap'd root filesystem as a tarball, cached in lab/.state."""
+    tarball = STATE_DIR / f"rootfs-{SUITE}-minbase.tar"
+    if tarball.is_file():
+        return tarball
+    if shutil.which("debootstrap") is None:
+        raise LabError("debootstrap is not installed: run `make deps` (or lab/host-deps.sh as root)")
+    if os.geteuid() != 0:
+        raise LabError("debootstrap needs root: run `sudo make image`")
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    log(f"debootstrap --variant=minbase {SUITE} from {MIRROR} (about a minute, cached afterwards)")
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(dir=STATE_DIR, prefix="rootfs-") as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        proc = subprocess.run(["debootstrap", "--variant=minbase", SUITE, str(rootfs), MIRROR],
+                              capture_output=True, check=False)
+        if proc.returncode != 0:
+            tail = proc.stdout.decode(errors="replace").strip().splitlines()[-5:]
+            raise LabError(f"debootstrap failed (is {MIRROR} reachable?): " + " | ".join(tail))
+        partial = Path(tmp) / "rootfs.tar"
+        subprocess.run(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(partial), "."], check=True)
+        partial.replace(tarball)
+    log(f"debootstrap done in {time.monotonic() - t0:.0f} s -> {tarball.relative_to(REPO)}")
+    return tarball
+
+
+def ensure_base_image() -> None:
+    if image_exists(BASE_IMAGE):
+        return
+    tarball = base_tarball()
+    log(f"podman import {tarball.name} -> {BASE_IMAGE}")
+    with tarball.open("rb") as fh:
+        proc = subprocess.run(["podman", "import", "--quiet", "-", BASE_IMAGE], stdin=fh,
+                              env=podman_env(), capture_output=True, check=False)
+    if proc.returncode != 0:
+        raise LabError(f"podman import failed: {proc.stderr.decode(errors='replace').strip()}")
+
+
+def probe_image() -> str:
+    return BASE_IMAGE if image_exists(BASE_IMAGE) else NODE_IMAGE
+
+
+def cmd_image(_args: argparse.Namespace | None = None) -> None:
+    want = recipe_hash()
+    if image_label(NODE_IMAGE, RECIPE_LABEL) == want:
+        detect_runtime(NODE_IMAGE)
+        log(f"image {NODE_IMAGE} is up to date (recipe {want})")
+        return
+    t0 = time.monotonic()
+    ensure_base_image()
+    detect_runtime(BASE_IMAGE)
+    log(f"podman build {NODE_IMAGE} (recipe {want})")
+    proc = podman("build", "--pull=never", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}",
+                  "--label", f"{RECIPE_LABEL}={want}", "--tag", NODE_IMAGE,
+                  "--file", str(RECIPE_DIR / "Containerfile"), str(RECIPE_DIR),
+                  check=False, capture=False, timeout=1800)
+    if proc.returncode != 0:
+        raise LabError(f"podman build failed (exit {proc.returncode}); see the output above")
+    podman("image", "prune", "--force", "--filter", f"label={RECIPE_LABEL}", check=False)
+    log(f"image {NODE_IMAGE} built in {time.monotonic() - t0:.0f} s")
+
+
+# --------------------------------------------------------------------------- lab up/down
+
+
+def container_state(name: str) -> dict | None:
+    proc = podman("container", "inspect", name, check=False)
+    if proc.returncode != 0:
+        return None
+    return json.loads(out(proc))[0]
+
+
+def network_gateway() -> str:
+    info = json.loads(out(podman("network", "inspect", NETWORK)))[0]
+    for subnet in info.get("subnets") or []:
+        gateway = subnet.get("gateway", "")
+        if gateway and ":" not in gateway:
+            return gateway
+    raise LabError(f"podman network {NETWORK} has no IPv4 gateway: `make lab-down lab-up` recreates it")
+
+
+def wait_for_systemd(name: str) -> str:
+    deadline = time.monotonic() + SYSTEMD_READY_TIMEOUT_S
+    state = "unknown"
+    while time.monotonic() < deadline:
+        proc = podman("exec", name, "systemctl", "is-system-running", check=False, timeout=30)
+        state = out(proc) or "unknown"
+        if state in ("running", "degraded"):
+            if state == "degraded":
+                failed = out(podman("exec", name, "systemctl", "--failed", "--plain", "--no-legend",
+                                    check=False))
+                log(f"{name}: systemd is degraded; failed units: {failed or '?'}")
+            return state
+        time.sleep(1)
+    raise LabError(f"{name}: systemd did not finish booting in {SYSTEMD_READY_TIMEOUT_S} s (state "
+                   f"{state}); see `podman logs {name}`")
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def check_gateway_reachable(gateway: str, node: str) -> None:
+    """Serve HTTP on the gateway address of the host; fetch it from ``node``.
+
+    The rendezvous store runs on the controller, bound to this address: this is the same path.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "ok").write_text("ddp-lab\n")
+        handler = functools.partial(_Quiet, directory=tmp)
+        try:
+            server = http.server.ThreadingHTTPServer((gateway, 0), handler)
+        except OSError as exc:
+            raise LabError(f"cannot bind {gateway} on the host ({exc}): the network gateway is not a host "
+                           "address (rootless podman?); run the lab as root") from exc
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            url = f"http://{gateway}:{server.server_address[1]}/ok"
+            code = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=5).read().decode())"
+            proc = podman("exec", node, "python3", "-c", code, check=False, timeout=30)
+        finally:
+            server.shutdown()
+            server.server_close()
+    if proc.returncode != 0 or out(proc) != "ddp-lab":
+        raise LabError(f"{node} cannot reach a server on the host at {gateway} (a firewall dropping "
+                       f"input from the podman bridge?): {proc.stderr.decode(errors='replace').strip()}")
+
+
+def render_inventory(gateway: str) -> str:
+    venv_python = Path(os.environ.get("DDP_LAB_CONTROLLER_PYTHON", REPO / ".venv" / "bin" / "python"))
+    hosts = "\n".join(f"        {n}:" for n in NODES)
+    return f"""---
+# Written by `make lab-up` (lab/lab.py); `make lab-down` removes it. Do not edit: edit lab/lab.py.
+# The three lab laptops are podman containers on the network {NETWORK}; the controller (this
+# machine) hosts the rendezvous store on that network's gateway address.
+all:
+  children:
+    trainers:
+      hosts:
+{hosts}
+      vars:
+        ansible_connection: containers.podman.podman
+        ansible_python_interpreter: /usr/bin/python3
+    rendezvous:
+      hosts:
+        controller:
+          ansible_connection: local
+          ansible_python_interpreter: {json.dumps(str(venv_python))}
+          rendezvous_address: {json.dumps(gateway)}
+"""
+
+
+def write_if_changed(path: Path, text: str) -> bool:
+    if path.is_file() and path.read_text() == text:
+        return False
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return True
+
+
+def cmd_up(_args: argparse.Namespace | None = None) -> None:
+    t0 = time.monotonic()
+    cmd_image()
+    changed: list[str] = []
+    if podman("network", "exists", NETWORK, check=False).returncode != 0:
+        podman("network", "create", "--label", f"{LABEL}=1", NETWORK)
+        changed.append(f"network {NETWORK} created")
+    image_id = out(podman("image", "inspect", "--format", "{{.Id}}", NODE_IMAGE))
+    for name in NODES:
+        state = container_state(name)
+        if state is None:
+            podman("run", "--detach", "--name", name, "--hostname", name, "--network", NETWORK,
+                   "--systemd=always", "--cap-add", "NET_ADMIN,NET_RAW", "--restart", "no",
+                   "--label", f"{LABEL}=1", NODE_IMAGE)
+            changed.append(f"{name} created")
+        else:
+            if state.get("Config", {}).get("Labels", {}).get(LABEL) != "1":
+                raise LabError(f"a container named {name} exists but is not a ddp-lab node: rename or "
+                               f"remove it (`podman rm -f {name}`)")
+            if state.get("Image") != image_id:
+                log(f"{name} runs an older node image; `make lab-down lab-up` recreates it")
+            if not state["State"].get("Running"):
+                podman("start", name)
+                changed.append(f"{name} started")
+    states = {name: wait_for_systemd(name) for name in NODES}
+    gateway = network_gateway()
+    check_gateway_reachable(gateway, NODES[0])
+    if write_if_changed(INVENTORY_FILE, render_inventory(gateway)):
+        changed.append(f"{INVENTORY_FILE.relative_to(REPO)} written")
+    summary = ", ".join(f"{n} ({s})" for n, s in states.items())
+    log(f"{'; '.join(changed) if changed else 'nothing changed'}")
+    log(f"lab is up in {time.monotonic() - t0:.0f} s: {summary}; rendezvous_address {gateway} "
+        f"(reachable from {NODES[0]}); inventory {INVENTORY_FILE.relative_to(REPO)}")
+
+
+def cmd_down(_args: argparse.Namespace | None = None) -> None:
+    changed: list[str] = []
+    for name in NODES:
+        state = container_state(name)
+        if state is None:
+            continue
+        if state.get("Config", {}).get("Labels", {}).get(LABEL) != "1":
+            log(f"leaving {name} alone: it is not a ddp-lab node")
+            continue
+        podman("rm", "--force", "--time", "10", name)
+        changed.append(f"{name} removed")
+    if podman("network", "exists", NETWORK, check=False).returncode == 0:
+        podman("network", "rm", NETWORK)
+        changed.append(f"network {NETWORK} removed")
+    if INVENTORY_FILE.exists():
+        INVENTORY_FILE.unlink()
+        changed.append(f"{INVENTORY_FILE.relative_to(REPO)} removed")
+    log(("; ".join(changed) if changed else "nothing to remove") + "; the lab is down")
+
+
+def cmd_status(_args: argparse.Namespace | None = None) -> None:
+    want = recipe_hash()
+    have = image_label(NODE_IMAGE, RECIPE_LABEL)
+    print(f"image    {NODE_IMAGE}: {'missing' if have is None else 'current' if have == want else 'outdated'}")
+    net = podman("network", "exists", NETWORK, check=False).returncode == 0
+    print(f"network  {NETWORK}: {network_gateway() if net else 'absent'}")
+    for name in NODES:
+        state = container_state(name)
+        if state is None:
+            print(f"{name} absent")
+            continue
+        running = state["State"].get("Running")
+        systemd = "-"
+        if running:
+            systemd = out(podman("exec", name, "systemctl", "is-system-running", check=False)) or "?"
+        print(f"{name} {state['State'].get('Status')} systemd={systemd}")
+    print(f"conf     {CONTAINERS_CONF if CONTAINERS_CONF.is_file() else 'none (podman defaults)'}")
+
+
+def cmd_detect(_args: argparse.Namespace | None = None) -> None:
+    image = probe_image()
+    if not image_exists(image):
+        ensure_base_image()
+        image = BASE_IMAGE
+    print(detect_runtime(image))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lab/lab.py", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    for name, func, help_ in (
+        ("image", cmd_image, "build the node image (cached by recipe hash)"),
+        ("up", cmd_up, "start the three lab laptops and write inventory/lab/hosts.yml"),
+        ("down", cmd_down, "remove the lab containers, network and generated inventory"),
+        ("status", cmd_status, "show image, network and node states"),
+        ("detect", cmd_detect, "container-runtime detection; prints the containers.conf path"),
+    ):
+        sub.add_parser(name, help=help_).set_defaults(func=func)
+    args = parser.parse_args(argv)
+    try:
+        args.func(args)
+    except LabError as exc:
+        print(f"lab: error: {exc}", file=sys.stderr)
+        return 1
+    except subprocess.TimeoutExpired as exc:
+        print(f"lab: error: timed out: {' '.join(map(str, exc.cmd))}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(BrokenPipeError):
+        sys.exit(main())
