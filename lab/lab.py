@@ -87,14 +87,18 @@ def podman_env() -> dict[str, str]:
     return env
 
 
-def podman(*args: str, check: bool = True, capture: bool = True, timeout: float | None = 600,
-           input_bytes: bytes | None = None) -> subprocess.CompletedProcess:
+def podman(
+    *args: str, check: bool = True, capture: bool = True, timeout: float | None = 600
+) -> subprocess.CompletedProcess:
     """Run ``podman ARGS``; raise LabError with podman's stderr when ``check`` and it fails."""
     if shutil.which("podman") is None:
         raise LabError("podman is not installed: run `make deps` (or lab/host-deps.sh as root)")
     proc = subprocess.run(
-        ["podman", *args], env=podman_env(), capture_output=capture, timeout=timeout,
-        input=input_bytes, check=False,
+        ["podman", *args],
+        env=podman_env(),
+        capture_output=capture,
+        timeout=timeout,
+        check=False,
     )
     if check and proc.returncode != 0:
         err = proc.stderr.decode(errors="replace").strip() if capture else ""
@@ -212,8 +216,9 @@ def _lower(value: int) -> int:
 
 
 def _probe(image: str) -> tuple[bool, str]:
-    proc = podman("run", "--rm", "--network", "none", "--pull", "never", image, "true",
-                  check=False, timeout=120)
+    proc = podman(
+        "run", "--rm", "--network", "none", "--pull", "never", image, "true", check=False, timeout=120
+    )
     return proc.returncode == 0, proc.stderr.decode(errors="replace").strip()
 
 
@@ -235,26 +240,35 @@ def detect_runtime(image: str) -> Path:
         ok, err = _probe(image)
         if ok:
             if ulimits:
-                notes.append("rlimits: " + ", ".join(f"{k}={v}" for k, v in ulimits.items())
-                             + " (the runtime may not set podman's defaults here)")
+                notes.append(
+                    "rlimits: "
+                    + ", ".join(f"{k}={v}" for k, v in ulimits.items())
+                    + " (the runtime may not set podman's defaults here)"
+                )
                 write_containers_conf(overrides, notes)
             return CONTAINERS_CONF
         low = err.lower()
         rlimit_err = "rlimit" in low
         if rlimit_err:
             if ulimits is None:
-                ulimits = {"nofile": _hard_limit(resource.RLIMIT_NOFILE, RLIMIT_CEILING["nofile"]),
-                           "nproc": _hard_limit(resource.RLIMIT_NPROC, RLIMIT_CEILING["nproc"])}
+                ulimits = {
+                    "nofile": _hard_limit(resource.RLIMIT_NOFILE, RLIMIT_CEILING["nofile"]),
+                    "nproc": _hard_limit(resource.RLIMIT_NPROC, RLIMIT_CEILING["nproc"]),
+                }
             else:
                 # runc: "error setting rlimit type 7" (7 = NOFILE, 6 = NPROC); crun names it.
-                hit = [k for k, pats in (("nofile", ("type 7", "nofile")), ("nproc", ("type 6", "nproc")))
-                       if any(p in low for p in pats)] or ["nofile", "nproc"]
+                hit = [
+                    k
+                    for k, pats in (("nofile", ("type 7", "nofile")), ("nproc", ("type 6", "nproc")))
+                    if any(p in low for p in pats)
+                ] or ["nofile", "nproc"]
                 for key in hit:
                     ulimits[key] = _lower(ulimits[key])
             if min(ulimits.values()) < RLIMIT_FLOOR:
                 raise LabError(f"containers fail to start even with low rlimits {ulimits}: {err}")
             overrides.setdefault("containers", {})["default_ulimits"] = [
-                f"{k}={v}:{v}" for k, v in ulimits.items()]
+                f"{k}={v}:{v}" for k, v in ulimits.items()
+            ]
         elif overrides.get("engine", {}).get("runtime") != "runc" and shutil.which("runc"):
             why = "crun cannot run on cgroups v1/hybrid hosts" if "hybrid" in low else err.splitlines()[-1]
             notes.append(f"runtime = runc ({why})")
@@ -290,8 +304,9 @@ def base_tarball() -> Path:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(dir=STATE_DIR, prefix="rootfs-") as tmp:
         rootfs = Path(tmp) / "rootfs"
-        proc = subprocess.run(["debootstrap", "--variant=minbase", SUITE, str(rootfs), MIRROR],
-                              capture_output=True, check=False)
+        proc = subprocess.run(
+            ["debootstrap", "--variant=minbase", SUITE, str(rootfs), MIRROR], capture_output=True, check=False
+        )
         if proc.returncode != 0:
             tail = proc.stdout.decode(errors="replace").strip().splitlines()[-5:]
             raise LabError(f"debootstrap failed (is {MIRROR} reachable?): " + " | ".join(tail))
@@ -308,8 +323,13 @@ def ensure_base_image() -> None:
     tarball = base_tarball()
     log(f"podman import {tarball.name} -> {BASE_IMAGE}")
     with tarball.open("rb") as fh:
-        proc = subprocess.run(["podman", "import", "--quiet", "-", BASE_IMAGE], stdin=fh,
-                              env=podman_env(), capture_output=True, check=False)
+        proc = subprocess.run(
+            ["podman", "import", "--quiet", "-", BASE_IMAGE],
+            stdin=fh,
+            env=podman_env(),
+            capture_output=True,
+            check=False,
+        )
     if proc.returncode != 0:
         raise LabError(f"podman import failed: {proc.stderr.decode(errors='replace').strip()}")
 
@@ -328,10 +348,22 @@ def cmd_image(_args: argparse.Namespace | None = None) -> None:
     ensure_base_image()
     detect_runtime(BASE_IMAGE)
     log(f"podman build {NODE_IMAGE} (recipe {want})")
-    proc = podman("build", "--pull=never", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}",
-                  "--label", f"{RECIPE_LABEL}={want}", "--tag", NODE_IMAGE,
-                  "--file", str(RECIPE_DIR / "Containerfile"), str(RECIPE_DIR),
-                  check=False, capture=False, timeout=1800)
+    proc = podman(
+        "build",
+        "--pull=never",
+        "--build-arg",
+        f"BASE_IMAGE={BASE_IMAGE}",
+        "--label",
+        f"{RECIPE_LABEL}={want}",
+        "--tag",
+        NODE_IMAGE,
+        "--file",
+        str(RECIPE_DIR / "Containerfile"),
+        str(RECIPE_DIR),
+        check=False,
+        capture=False,
+        timeout=1800,
+    )
     if proc.returncode != 0:
         raise LabError(f"podman build failed (exit {proc.returncode}); see the output above")
     podman("image", "prune", "--force", "--filter", f"label={RECIPE_LABEL}", check=False)
@@ -365,13 +397,16 @@ def wait_for_systemd(name: str) -> str:
         state = out(proc) or "unknown"
         if state in ("running", "degraded"):
             if state == "degraded":
-                failed = out(podman("exec", name, "systemctl", "--failed", "--plain", "--no-legend",
-                                    check=False))
+                failed = out(
+                    podman("exec", name, "systemctl", "--failed", "--plain", "--no-legend", check=False)
+                )
                 log(f"{name}: systemd is degraded; failed units: {failed or '?'}")
             return state
         time.sleep(1)
-    raise LabError(f"{name}: systemd did not finish booting in {SYSTEMD_READY_TIMEOUT_S} s (state "
-                   f"{state}); see `podman logs {name}`")
+    raise LabError(
+        f"{name}: systemd did not finish booting in {SYSTEMD_READY_TIMEOUT_S} s (state "
+        f"{state}); see `podman logs {name}`"
+    )
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -390,8 +425,10 @@ def check_gateway_reachable(gateway: str, node: str) -> None:
         try:
             server = http.server.ThreadingHTTPServer((gateway, 0), handler)
         except OSError as exc:
-            raise LabError(f"cannot bind {gateway} on the host ({exc}): the network gateway is not a host "
-                           "address (rootless podman?); run the lab as root") from exc
+            raise LabError(
+                f"cannot bind {gateway} on the host ({exc}): the network gateway is not a host "
+                "address (rootless podman?); run the lab as root"
+            ) from exc
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
         try:
@@ -402,8 +439,10 @@ def check_gateway_reachable(gateway: str, node: str) -> None:
             server.shutdown()
             server.server_close()
     if proc.returncode != 0 or out(proc) != "ddp-lab":
-        raise LabError(f"{node} cannot reach a server on the host at {gateway} (a firewall dropping "
-                       f"input from the podman bridge?): {proc.stderr.decode(errors='replace').strip()}")
+        raise LabError(
+            f"{node} cannot reach a server on the host at {gateway} (a firewall dropping "
+            f"input from the podman bridge?): {proc.stderr.decode(errors='replace').strip()}"
+        )
 
 
 def render_inventory(gateway: str) -> str:
@@ -450,14 +489,31 @@ def cmd_up(_args: argparse.Namespace | None = None) -> None:
     for name in NODES:
         state = container_state(name)
         if state is None:
-            podman("run", "--detach", "--name", name, "--hostname", name, "--network", NETWORK,
-                   "--systemd=always", "--cap-add", "NET_ADMIN,NET_RAW", "--restart", "no",
-                   "--label", f"{LABEL}=1", NODE_IMAGE)
+            podman(
+                "run",
+                "--detach",
+                "--name",
+                name,
+                "--hostname",
+                name,
+                "--network",
+                NETWORK,
+                "--systemd=always",
+                "--cap-add",
+                "NET_ADMIN,NET_RAW",
+                "--restart",
+                "no",
+                "--label",
+                f"{LABEL}=1",
+                NODE_IMAGE,
+            )
             changed.append(f"{name} created")
         else:
             if state.get("Config", {}).get("Labels", {}).get(LABEL) != "1":
-                raise LabError(f"a container named {name} exists but is not a ddp-lab node: rename or "
-                               f"remove it (`podman rm -f {name}`)")
+                raise LabError(
+                    f"a container named {name} exists but is not a ddp-lab node: rename or "
+                    f"remove it (`podman rm -f {name}`)"
+                )
             if state.get("Image") != image_id:
                 log(f"{name} runs an older node image; `make lab-down lab-up` recreates it")
             if not state["State"].get("Running"):
@@ -470,8 +526,10 @@ def cmd_up(_args: argparse.Namespace | None = None) -> None:
         changed.append(f"{INVENTORY_FILE.relative_to(REPO)} written")
     summary = ", ".join(f"{n} ({s})" for n, s in states.items())
     log(f"{'; '.join(changed) if changed else 'nothing changed'}")
-    log(f"lab is up in {time.monotonic() - t0:.0f} s: {summary}; rendezvous_address {gateway} "
-        f"(reachable from {NODES[0]}); inventory {INVENTORY_FILE.relative_to(REPO)}")
+    log(
+        f"lab is up in {time.monotonic() - t0:.0f} s: {summary}; rendezvous_address {gateway} "
+        f"(reachable from {NODES[0]}); inventory {INVENTORY_FILE.relative_to(REPO)}"
+    )
 
 
 def cmd_down(_args: argparse.Namespace | None = None) -> None:
@@ -497,7 +555,8 @@ def cmd_down(_args: argparse.Namespace | None = None) -> None:
 def cmd_status(_args: argparse.Namespace | None = None) -> None:
     want = recipe_hash()
     have = image_label(NODE_IMAGE, RECIPE_LABEL)
-    print(f"image    {NODE_IMAGE}: {'missing' if have is None else 'current' if have == want else 'outdated'}")
+    verdict = "missing" if have is None else "current" if have == want else "outdated"
+    print(f"image    {NODE_IMAGE}: {verdict}")
     net = podman("network", "exists", NETWORK, check=False).returncode == 0
     print(f"network  {NETWORK}: {network_gateway() if net else 'absent'}")
     for name in NODES:
