@@ -1,0 +1,487 @@
+"""Measured elastic recovery: one entry per fault injection of a run (docs/CONTRACTS.md).
+
+Inputs are what a run leaves on the controller:
+
+* ``runs/<run_id>/events.jsonl`` -- one JSON object a line. The fault injections are the records
+  with ``kind == "fault"``: ``{time, kind, mode, node, rank, duration_s, ...}`` (``time`` in unix
+  seconds, the moment the fault was applied). Other kinds (play events) are ignored.
+* the collected metrics, ``runs/<run_id>/<host>/metrics/*.jsonl``: the ``start``, ``step``,
+  ``failure`` and ``end`` records of every worker (``event``, ``time``, ``host``, ``local_rank``,
+  ``world_size``, ``restart_count``, ...).
+
+For an injection at time ``T`` (records up to the next injection count for it), with a
+*generation* meaning the records of one worker process, from its ``start`` record on:
+
+``detected_s``
+    ``T`` to the first sign that the group noticed: a ``failure`` record, a ``start`` record (a
+    worker started again, by a restart or a membership change), or any record whose
+    ``restart_count`` is above the one its worker had before ``T``.
+``recovered_s``
+    ``T`` to the first ``step`` record of a generation that started after ``T``: training going
+    again, at ``world_size_after``. A restart that does not change the world size (kill-worker)
+    counts, since the step was completed by the new group.
+``steps_lost``
+    ``last completed step before the restart - step the new generation resumed from``, never
+    below 0. The last completed step is the newest ``step`` record before the new generation's
+    ``start`` record, raised by the ``step`` field of any ``failure`` record written after it
+    (a failure names the last step whose update finished). ``resumed_from_step`` in a ``start``
+    record is the number of the last completed step the loaded state contains (0: from scratch),
+    so resuming from an emergency checkpoint of the last completed step loses 0 steps.
+``world_size_before`` / ``world_size_after``
+    of the newest step record before ``T`` / of the recovery step.
+``outcome``
+    ``recovered`` (a new generation completed a step); ``continued`` (no worker restarted and the
+    group completed steps after the fault: a short freeze or partition the group rode out, a
+    throttle); ``finished`` (an ``end`` record, no restart); ``not_recovered`` (nothing completed
+    after ``T``: still recovering, or the job ended -- ``cause`` then names the failing host and
+    error); ``no_data`` (no record after ``T``).
+``stall_s``
+    the longest time between consecutive completed steps (any host) from the last step before
+    ``T`` to the first completed step after it: how long training stood still.
+``step_time_ratio``
+    for faults with a duration: median ``step_time_s`` of the steps completed during
+    ``[T, T + duration_s]`` / median of those completed in the same length of time before ``T``
+    (a throttled node makes the group slower: > 1).
+
+Resolution: step records are written every ``log_interval`` steps, so ``recovered_s`` can be late
+by up to ``log_interval - 1`` step times; fault runs should use ``log_interval 1``. Times come
+from the controller (injections) and the nodes (metrics): their clocks must agree (NTP; the lab
+shares the host clock).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+Record = Mapping[str, Any]
+WorkerKey = tuple[str, int]  # (host, local_rank)
+
+MODES = ("kill-worker", "kill-agent", "poweroff", "freeze", "partition", "throttle", "rejoin")
+
+
+@dataclass(frozen=True)
+class Injection:
+    """One fault applied to a run. ``time``: unix s; ``duration_s``: None for instant faults."""
+
+    time: float
+    mode: str
+    node: str
+    rank: int | None = None
+    duration_s: float | None = None
+
+    @classmethod
+    def from_event(cls, event: Record) -> Injection:
+        """Build from an events.jsonl record. Raises ValueError naming the missing/bad field."""
+        t = _num(event.get("time"))
+        if t is None:
+            raise ValueError(f"fault event without a numeric 'time': {dict(event)}")
+        mode = event.get("mode")
+        if mode not in MODES:
+            raise ValueError(f"fault event with unknown mode {mode!r} (expected one of {', '.join(MODES)})")
+        node = event.get("node")
+        if not isinstance(node, str) or not node:
+            raise ValueError(f"fault event without a 'node': {dict(event)}")
+        rank = event.get("rank")
+        rank = int(rank) if isinstance(rank, int | float) and not isinstance(rank, bool) else None
+        return cls(time=t, mode=mode, node=node, rank=rank, duration_s=_num(event.get("duration_s")))
+
+
+@dataclass
+class FaultMeasure:
+    """The measured outcome of one injection: the ``faults`` entries of summary.json.
+
+    Times are seconds after ``injected_at`` (unix s); None when it did not happen (yet).
+    """
+
+    mode: str
+    node: str
+    rank: int | None
+    injected_at: float
+    duration_s: float | None
+    detected_s: float | None
+    recovered_s: float | None
+    steps_lost: int | None
+    world_size_before: int | None
+    world_size_after: int | None
+    outcome: str
+    last_step_before: int | None = None
+    resumed_from_step: int | None = None
+    stall_s: float | None = None
+    step_time_ratio: float | None = None
+    restarts: int = 0
+    cause: str | None = None
+    detected_by: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict, times rounded to ms."""
+        d = asdict(self)
+        for k in ("injected_at", "detected_s", "recovered_s", "stall_s"):
+            if d[k] is not None:
+                d[k] = round(d[k], 3)
+        if d["step_time_ratio"] is not None:
+            d["step_time_ratio"] = round(d["step_time_ratio"], 3)
+        return d
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    v = float(value)
+    return v if math.isfinite(v) else None
+
+
+def _int(value: Any) -> int | None:
+    v = _num(value)
+    return int(v) if v is not None else None
+
+
+# ----------------------------------------------------------------------------- reading
+
+def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """Records of one JSONL file and the number of unreadable lines skipped.
+
+    A file fetched while a worker appends can end in a partial line: such lines are skipped,
+    not fatal. Raises OSError when the file cannot be read.
+    """
+    records: list[dict[str, Any]] = []
+    bad = 0
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                bad += 1
+                continue
+            if isinstance(obj, dict):
+                records.append(obj)
+            else:
+                bad += 1
+    return records, bad
+
+
+def load_events(run_dir: Path) -> list[dict[str, Any]]:
+    """All records of ``run_dir/events.jsonl`` ([] when the file does not exist)."""
+    path = Path(run_dir) / "events.jsonl"
+    if not path.is_file():
+        return []
+    return read_jsonl(path)[0]
+
+
+def load_metrics(root: Path) -> list[dict[str, Any]]:
+    """Every metrics record under ``root/<host>/metrics/*.jsonl`` (a run folder, or a folder of
+    freshly fetched live metrics with the same layout), sorted by ``time``.
+
+    A record without ``host`` gets the folder's host name. Raises FileNotFoundError when
+    ``root`` is not a folder.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: no such folder (expected a run folder runs/<run_id>)")
+    out: list[dict[str, Any]] = []
+    for path in sorted(root.glob("*/metrics/*.jsonl")):
+        host = path.parent.parent.name
+        for r in read_jsonl(path)[0]:
+            r.setdefault("host", host)
+            out.append(r)
+    out.sort(key=lambda r: _num(r.get("time")) or 0.0)
+    return out
+
+
+def injections(events: Iterable[Record]) -> list[Injection]:
+    """The fault injections among ``events``, oldest first. Raises ValueError on a malformed one."""
+    return sorted((Injection.from_event(e) for e in events if e.get("kind") == "fault"),
+                  key=lambda i: i.time)
+
+
+# ----------------------------------------------------------------------------- measuring
+
+@dataclass
+class _Gen:
+    """One worker generation: its start record and what it wrote after."""
+
+    key: WorkerKey
+    start: Record | None
+    start_time: float
+    records: list[Record] = field(default_factory=list)
+
+
+def _generations(records: Iterable[Record]) -> list[_Gen]:
+    """Split each worker's records (sorted by time) into generations at its ``start`` records."""
+    per_worker: dict[WorkerKey, list[Record]] = defaultdict(list)
+    for r in records:
+        t = _num(r.get("time"))
+        if t is None or not isinstance(r.get("host"), str):
+            continue
+        per_worker[(r["host"], _int(r.get("local_rank")) or 0)].append(r)
+    gens: list[_Gen] = []
+    for key, recs in per_worker.items():
+        recs.sort(key=lambda r: r["time"])
+        cur: _Gen | None = None
+        for r in recs:
+            if r.get("event") == "start" or cur is None:
+                is_start = r.get("event") == "start"
+                cur = _Gen(key, r if is_start else None, r["time"] if is_start else -math.inf)
+                gens.append(cur)
+                if is_start:
+                    continue
+            cur.records.append(r)
+    return gens
+
+
+def _steps(records: Iterable[Record]) -> list[Record]:
+    return [r for r in records if r.get("event") == "step" and _int(r.get("step")) is not None]
+
+
+def _median_step_time(steps: Sequence[Record]) -> float | None:
+    vals = [v for r in steps if (v := _num(r.get("step_time_s"))) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _max_gap(times: Sequence[float]) -> float | None:
+    ts = sorted(set(times))
+    return max((b - a for a, b in zip(ts, ts[1:], strict=False)), default=None) if len(ts) > 1 else None
+
+
+def measure(inj: Injection, records: Sequence[Record], until: float | None = None) -> FaultMeasure:
+    """Measure one injection from the run's metrics ``records`` (any order).
+
+    ``until``: ignore records at or after this time (the next injection), so that one
+    injection's recovery is not credited to another. See the module docstring for the
+    definitions. Pure: reads nothing, raises nothing on odd records (they are skipped).
+    """
+    t0 = inj.time
+    end = until if until is not None else math.inf
+    recs = [r for r in records if (t := _num(r.get("time"))) is not None and t < end]
+    before = [r for r in recs if r["time"] <= t0]
+    after = [r for r in recs if r["time"] > t0]
+    steps_before = _steps(before)
+    last_before = max(steps_before, key=lambda r: r["time"], default=None)
+
+    m = FaultMeasure(
+        mode=inj.mode, node=inj.node, rank=inj.rank, injected_at=t0, duration_s=inj.duration_s,
+        detected_s=None, recovered_s=None, steps_lost=None,
+        world_size_before=_int(last_before.get("world_size")) if last_before else None,
+        world_size_after=None, outcome="no_data",
+        last_step_before=_int(last_before.get("step")) if last_before else None,
+    )
+    if not after:
+        return m
+
+    # detection
+    rc_before: dict[WorkerKey, int] = {}
+    for r in before:
+        rc = _int(r.get("restart_count"))
+        if rc is not None:
+            rc_before[(r["host"], _int(r.get("local_rank")) or 0)] = rc
+    for r in after:
+        key = (r.get("host"), _int(r.get("local_rank")) or 0)
+        rc = _int(r.get("restart_count"))
+        ev = r.get("event")
+        if ev in ("failure", "start") or (rc is not None and key in rc_before and rc > rc_before[key]):
+            m.detected_s = r["time"] - t0
+            m.detected_by = f"{ev} on {r.get('host')}"
+            break
+
+    gens = _generations(recs)
+    new_gens = [g for g in gens if g.start_time > t0]
+    m.restarts = len(new_gens)
+    recovery: tuple[float, Record, _Gen] | None = None
+    for g in new_gens:
+        st = _steps(g.records)
+        if st:
+            first = min(st, key=lambda r: r["time"])
+            if recovery is None or first["time"] < recovery[0]:
+                recovery = (first["time"], first, g)
+
+    failures_after = [r for r in after if r.get("event") == "failure"]
+    if failures_after:
+        f = failures_after[-1]
+        m.cause = f"{f.get('host')} (rank {f.get('rank')}): {f.get('error')}"
+
+    if recovery is not None:
+        t_rec, step_rec, gen = recovery
+        m.outcome = "recovered"
+        m.recovered_s = t_rec - t0
+        m.world_size_after = _int(step_rec.get("world_size"))
+        # last completed step before this generation started
+        boundary = gen.start_time
+        prior_steps = [r for r in _steps(recs) if r["time"] < boundary]
+        newest = max(prior_steps, key=lambda r: r["time"], default=None)
+        last_done = _int(newest.get("step")) if newest else None
+        t_newest = newest["time"] if newest else -math.inf
+        for r in recs:
+            if r.get("event") == "failure" and t_newest <= r["time"] < boundary:
+                s = _int(r.get("step"))
+                if s is not None and (last_done is None or s > last_done):
+                    last_done = s
+        m.last_step_before = last_done
+        resumed = _int(gen.start.get("resumed_from_step")) if gen.start else None
+        m.resumed_from_step = resumed
+        if last_done is not None and resumed is not None:
+            m.steps_lost = max(0, last_done - resumed)
+        elif resumed is None:
+            m.notes.append("start record without resumed_from_step: steps_lost unknown")
+        first_after_any = t_rec
+    else:
+        old_steps_after = _steps(after)
+        ends = [r for r in after if r.get("event") == "end"]
+        if old_steps_after:
+            m.outcome = "continued"
+            m.steps_lost = 0
+            first = min(old_steps_after, key=lambda r: r["time"])
+            m.world_size_after = _int(first.get("world_size"))
+            first_after_any = first["time"]
+        elif ends:
+            m.outcome = "finished"
+            m.steps_lost = 0
+            first_after_any = None
+        else:
+            m.outcome = "not_recovered"
+            first_after_any = None
+            if m.cause is None:
+                m.cause = "no step completed after the fault and no failure record was written"
+
+    # stall: longest gap between completed steps around the fault
+    if last_before is not None and first_after_any is not None:
+        times = [r["time"] for r in _steps(recs) if last_before["time"] <= r["time"] <= first_after_any]
+        m.stall_s = _max_gap(times)
+
+    # slowdown over the fault's duration
+    if inj.duration_s:
+        d = inj.duration_s
+        during = [r for r in _steps(after) if r["time"] <= t0 + d]
+        ref = [r for r in steps_before if r["time"] >= t0 - d]
+        a, b = _median_step_time(during), _median_step_time(ref)
+        if a is not None and b:
+            m.step_time_ratio = a / b
+    return m
+
+
+def measure_all(events: Iterable[Record], records: Sequence[Record]) -> list[FaultMeasure]:
+    """One :class:`FaultMeasure` per fault injection in ``events``, oldest first; each sees the
+    records up to the next injection. Raises ValueError on a malformed fault event."""
+    injs = injections(events)
+    return [measure(inj, records, injs[i + 1].time if i + 1 < len(injs) else None)
+            for i, inj in enumerate(injs)]
+
+
+def node_of_rank(records: Iterable[Record], rank: int) -> str | None:
+    """The host whose newest record (any event with a ``rank``) carries global rank ``rank``.
+
+    Ranks can move between nodes after a restart, so only each worker's newest record counts;
+    among those, the newest wins. None when no worker holds it now.
+    """
+    newest: dict[WorkerKey, Record] = {}
+    for r in records:
+        t = _num(r.get("time"))
+        if t is None or not isinstance(r.get("host"), str) or _int(r.get("rank")) is None:
+            continue
+        key = (r["host"], _int(r.get("local_rank")) or 0)
+        if key not in newest or t >= newest[key]["time"]:
+            newest[key] = r
+    holders = [r for r in newest.values() if _int(r.get("rank")) == rank]
+    return max(holders, key=lambda r: r["time"])["host"] if holders else None
+
+
+# ----------------------------------------------------------------------------- output
+
+_COLUMNS = ("mode", "node", "rank", "world", "detected_s", "recovered_s", "steps_lost", "stall_s", "outcome")
+
+
+def _fmt(v: Any, digits: int = 1) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def format_table(measures: Sequence[FaultMeasure]) -> str:
+    """A fixed-width text table, one line per injection, then a cause line per failed one."""
+    rows = [list(_COLUMNS)]
+    for m in measures:
+        world = f"{_fmt(m.world_size_before)}->{_fmt(m.world_size_after)}"
+        rows.append([m.mode, m.node, _fmt(m.rank), world, _fmt(m.detected_s), _fmt(m.recovered_s),
+                     _fmt(m.steps_lost), _fmt(m.stall_s), m.outcome])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    for m in measures:
+        if m.step_time_ratio is not None and m.mode == "throttle":
+            lines.append(f"{m.mode} {m.node}: steps {m.step_time_ratio:.2f}x slower while throttled")
+        if m.outcome == "not_recovered":
+            lines.append(f"{m.mode} {m.node}: not recovered - {m.cause}")
+    return "\n".join(lines)
+
+
+def _write_summary(run_dir: Path, faults: list[dict[str, Any]]) -> Path:
+    """Store ``faults`` in run_dir/summary.json through ddplab.summary (the one writer of that
+    file) when it offers ``update_summary``; otherwise merge into the file atomically."""
+    try:
+        from ddplab import summary as _summary  # noqa: PLC0415 - optional collaborator
+    except ImportError:
+        _summary = None
+    if _summary is not None and hasattr(_summary, "update_summary"):
+        return _summary.update_summary(run_dir, faults=faults)
+    path = Path(run_dir) / "summary.json"
+    data = json.loads(path.read_text()) if path.is_file() else {"run_id": Path(run_dir).name}
+    data["faults"] = faults
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI: ``python -m ddplab.faults runs/<run_id> [--metrics DIR] [--json] [--last] [--no-write]``
+    and ``python -m ddplab.faults runs/<run_id> --rank-of R [--metrics DIR]``."""
+    p = argparse.ArgumentParser(prog="python -m ddplab.faults", description=__doc__.split("\n")[0])
+    p.add_argument("run_dir", type=Path, help="runs/<run_id> on the controller (holds events.jsonl)")
+    p.add_argument("--metrics", type=Path, default=None,
+                   help="folder of <host>/metrics/*.jsonl to read instead of the run folder (live fetch)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--last", action="store_true", help="only the newest injection")
+    p.add_argument("--no-write", action="store_true", help="do not update summary.json")
+    p.add_argument("--rank-of", type=int, default=None, metavar="R",
+                   help="print the host holding global rank R in the newest metrics, and exit")
+    a = p.parse_args(argv)
+    try:
+        records = load_metrics(a.metrics or a.run_dir)
+        if a.rank_of is not None:
+            host = node_of_rank(records, a.rank_of)
+            if host is None:
+                print(f"no worker holds rank {a.rank_of} in the metrics under {a.metrics or a.run_dir}",
+                      file=sys.stderr)
+                return 3
+            print(host)
+            return 0
+        measures = measure_all(load_events(a.run_dir), records)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not a.no_write:
+        _write_summary(a.run_dir, [m.to_dict() for m in measures])
+    shown = measures[-1:] if a.last else measures
+    if a.json:
+        print(json.dumps([m.to_dict() for m in shown], indent=2))
+    elif shown:
+        print(format_table(shown))
+    else:
+        print(f"no fault injections in {a.run_dir / 'events.jsonl'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
