@@ -61,10 +61,23 @@ def test_refuses_to_run_outside_torchrun(monkeypatch, capsys):
     assert bl.main(["--bytes", "1"]) == 2
 
 
+def test_link_rate_from_links(tmp_path):
+    f = tmp_path / "links.jsonl"
+    f.write_text(json.dumps({"kind": "links", "bandwidth_bytes_per_s": [[None, 5e8], [2e8, None]]}) + "\n")
+    assert ba.link_rate_from_links(f) == 2e8
+    f.write_text('{"kind": "allreduce"}\n')
+    with pytest.raises(ValueError, match="no links record"):
+        ba.link_rate_from_links(f)
+    with pytest.raises(ValueError, match="--link-from"):
+        ba.link_rate_from_links(tmp_path / "missing.jsonl")
+
+
 def test_allreduce_two_ranks(tmp_path):
     out = tmp_path / "bench" / "allreduce.jsonl"
+    links = tmp_path / "links.jsonl"  # as if bench_links had measured 125 MB/s and 100 MB/s
+    links.write_text(json.dumps({"kind": "links", "bandwidth_bytes_per_s": [[None, 125e6], [100e6, None]]}))
     proc = torchrun("ddplab.bench_allreduce", "--min-bytes", "1e6", "--max-bytes", "4e6", "--repeats", "2",
-                    "--link-gbps", "1", "--out", str(out))
+                    "--link-from", str(links), "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     recs = [json.loads(x) for x in out.read_text().splitlines()]
     assert [r["bytes"] for r in recs] == [1_000_000, 2_000_000, 4_000_000]
@@ -73,8 +86,10 @@ def test_allreduce_two_ranks(tmp_path):
         assert r["repeats"] == 2 and 0 < r["min_s"] <= r["median_s"] <= r["max_s"]
         assert r["algbw_bytes_per_s"] == pytest.approx(r["bytes"] / r["median_s"])
         assert r["busbw_bytes_per_s"] == pytest.approx(r["algbw_bytes_per_s"] * 2 * (2 - 1) / 2)
-        model = costmodel.ring_allreduce_time(r["bytes"], 2, costmodel.link_bytes_per_s(1.0))
-        assert r["model_s"] == pytest.approx(model)
+        assert r["link_efficiency"] == 1.0 and r["link_gbps"] == pytest.approx(0.8)
+        assert "slowest link" in r["link_source"]
+        model = costmodel.ring_allreduce_time(r["bytes"], 2, 100e6)  # the slowest link, 100 MB/s
+        assert model == pytest.approx(r["bytes"] / 100e6) and r["model_s"] == pytest.approx(model)
         assert r["measured_over_model"] == pytest.approx(r["median_s"] / model)
     assert "meas/model" in proc.stdout and "4MB" in proc.stdout
 

@@ -15,8 +15,11 @@ Rank 0 prints a table and appends one JSON object per size to ``--out`` (JSON li
 ``kind="allreduce"``, ``bytes`` D, ``world_size`` N, ``hosts`` (hostname by rank), ``repeats``,
 ``median_s``, ``min_s``, ``max_s`` (seconds), ``algbw_bytes_per_s`` = D / median,
 ``busbw_bytes_per_s`` = algbw * 2(N-1)/N (nccl-tests' bus bandwidth, comparable with a link's
-goodput whatever N is), ``link_gbps``, ``link_efficiency``, ``model_s`` (ring model of
-:mod:`ddplab.costmodel` at that link rate), ``measured_over_model`` = median / model, ``time``.
+goodput whatever N is), ``link_gbps``, ``link_efficiency``, ``link_source``, ``model_s`` (ring
+model of :mod:`ddplab.costmodel` at that link rate), ``measured_over_model`` = median / model,
+``time``. With ``--link-from links.jsonl`` (the output of :mod:`ddplab.bench_links`) the model
+uses the measured goodput of the slowest directed link (a ring runs at the pace of its slowest
+link) at efficiency 1.0, instead of the nominal ``--link-gbps`` x ``--link-efficiency``.
 Every call's result is checked (each element must equal the sum of the ranks' fill values).
 """
 
@@ -51,6 +54,28 @@ def sizes_between(min_bytes: float, max_bytes: float) -> list[int]:
         d *= 2
     out.append(int(max_bytes) // 4 * 4)
     return sorted(set(out))
+
+
+def link_rate_from_links(path: str | Path) -> float:
+    """Goodput (bytes/s) of the slowest directed link in the last record of a bench_links JSONL file.
+
+    Raises ValueError when the file has no links record with a measured link.
+    """
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ValueError(f"--link-from {path}: {exc.strerror}") from None
+    for line in reversed(lines):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and rec.get("kind") == "links":
+            vals = [v for row in rec.get("bandwidth_bytes_per_s") or [] for v in row
+                    if isinstance(v, int | float) and v > 0]
+            if vals:
+                return float(min(vals))
+    raise ValueError(f"--link-from {path}: no links record with a measured link (run ddplab.bench_links)")
 
 
 def init_distributed(pg_timeout_s: float):
@@ -108,7 +133,7 @@ def time_allreduce(dist, torch, nbytes: int, warmup: int, repeats: int, budget_s
 
 
 def result_record(nbytes: int, world_size: int, hosts: list[str], times: Sequence[float], link_gbps: float,
-                  link_efficiency: float, latency_s: float = 0.0) -> dict:
+                  link_efficiency: float, latency_s: float = 0.0, link_source: str = "nominal") -> dict:
     """The JSON record for one size (fields in the module docstring)."""
     med = statistics.median(times)
     algbw, busbw = costmodel.bus_bandwidth(nbytes, med, world_size)
@@ -119,7 +144,8 @@ def result_record(nbytes: int, world_size: int, hosts: list[str], times: Sequenc
         "bytes": nbytes, "world_size": world_size, "hosts": hosts, "repeats": len(times),
         "median_s": med, "min_s": min(times), "max_s": max(times),
         "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": busbw,
-        "link_gbps": link_gbps, "link_efficiency": link_efficiency, "latency_s": latency_s,
+        "link_gbps": link_gbps, "link_efficiency": link_efficiency, "link_source": link_source,
+        "latency_s": latency_s,
         "model_s": model, "measured_over_model": med / model if model > 0 else None,
     }
 
@@ -139,8 +165,9 @@ def format_table(records: Sequence[dict]) -> str:
         )
     if records:
         r = records[0]
-        lines.append(f"model: ring 2(N-1)/N*D/B at {r['link_gbps']:g} Gb/s x {r['link_efficiency']:g} "
-                     f"efficiency; hosts by rank: {', '.join(r['hosts'])}")
+        lines.append(f"model: ring 2(N-1)/N*D/B at {r['link_gbps']:.3g} Gb/s x {r['link_efficiency']:g} "
+                     f"efficiency ({r.get('link_source', 'nominal')}); "
+                     f"hosts by rank: {', '.join(r['hosts'])}")
     return "\n".join(lines)
 
 
@@ -157,6 +184,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="link rate for the ring model, Gbit/s (default 1)")
     ap.add_argument("--link-efficiency", type=float, default=costmodel.DEFAULT_LINK_EFFICIENCY,
                     help="goodput / line rate for the model (default 0.88; 1.0 with a measured goodput)")
+    ap.add_argument("--link-from", type=Path,
+                    help="model at the slowest link measured by ddplab.bench_links (its JSONL output)")
     ap.add_argument("--latency-ms", type=float, default=0.0, help="per-message latency for the model, ms")
     ap.add_argument("--pg-timeout-s", type=float, default=300.0, help="process-group timeout, s")
     ap.add_argument("--out", type=Path, help="append JSON lines here (rank 0)")
@@ -170,6 +199,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         sizes = sizes_between(args.min_bytes, args.max_bytes)
         if args.warmup < 0 or args.repeats < 1 or args.budget_s <= 0:
             raise ValueError("need --warmup >= 0, --repeats >= 1, --budget-s > 0")
+        link_source = "nominal"
+        if args.link_from:
+            args.link_gbps = link_rate_from_links(args.link_from) * 8 / 1e9
+            args.link_efficiency = 1.0
+            link_source = f"slowest link measured in {args.link_from}"
         costmodel.link_bytes_per_s(args.link_gbps, args.link_efficiency)
     except ValueError as exc:
         print(f"bench_allreduce: {exc}", file=sys.stderr)
@@ -188,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             times = time_allreduce(dist, torch, nbytes, args.warmup, args.repeats, args.budget_s)
             if rank == 0:
                 rec = result_record(nbytes, n, hosts, times, args.link_gbps, args.link_efficiency,
-                                    args.latency_ms / 1e3)
+                                    args.latency_ms / 1e3, link_source)
                 records.append(rec)
                 print(f"[bench_allreduce] {nbytes / MB:.0f} MB x{len(times)}: {rec['median_s'] * 1e3:.1f} ms",
                       flush=True)
