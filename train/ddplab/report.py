@@ -264,10 +264,29 @@ def _plt():
     return plt
 
 
-def _host_colors(hosts: Iterable[str]) -> dict[str, Any]:
+def _worker_colors(workers: Iterable[straggler.WorkerKey]) -> dict[straggler.WorkerKey, Any]:
+    """A distinct colour per (host, local_rank), stable across plots."""
     plt = _plt()
     cmap = plt.get_cmap("tab10")
-    return {h: cmap(i % 10) for i, h in enumerate(sorted(set(hosts)))}
+    return {w: cmap(i % 10) for i, w in enumerate(sorted(set(workers)))}
+
+
+@dataclass(frozen=True)
+class TimeAxis:
+    """Maps unix time to the x axis: seconds since t0 for runs under 3 minutes, else minutes."""
+
+    t0: float
+    scale: float
+    label: str
+
+    @classmethod
+    def for_span(cls, t0: float, t1: float) -> TimeAxis:
+        if t1 - t0 < 180:
+            return cls(t0, 1.0, "seconds since start")
+        return cls(t0, 60.0, "minutes since start")
+
+    def __call__(self, t: float) -> float:
+        return (t - self.t0) / self.scale
 
 
 def _mark_faults_steps(ax, run: Run, fl: list[Fault], rs: list[Restart], y_text: float = 0.98) -> None:
@@ -305,13 +324,14 @@ def plot_loss(run: Run, fl: list[Fault], rs: list[Restart], out: Path) -> None:
 def plot_step_time(run: Run, findings: list[straggler.StragglerFinding], margin: float, out: Path) -> None:
     plt = _plt()
     series = step_series(run)
-    colors = _host_colors(h for h, _ in series)
+    colors = _worker_colors(series)
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(11, 6), sharex=True, height_ratios=[3, 2])
     step_t: dict[int, float] = {}
     for (host, lr), recs in sorted(series.items()):
         pts = [(r["step"], c) for r in recs if (c := _num(r.get("compute_s"))) is not None]
         label = host + (f"/local{lr}" if lr else "")
-        ax1.plot([s for s, _ in pts], [c for _, c in pts], lw=1, color=colors[host], label=f"{label} compute")
+        ax1.plot([s for s, _ in pts], [c for _, c in pts], lw=1, color=colors[(host, lr)],
+                 label=f"{label} compute")
         for r in recs:
             if (st := _num(r.get("step_time_s"))) is not None:
                 step_t[r["step"]] = max(step_t.get(r["step"], 0.0), st)
@@ -329,9 +349,10 @@ def plot_step_time(run: Run, findings: list[straggler.StragglerFinding], margin:
     ax2.axhline(1 + margin, color="gray", ls=":", label=f"straggler threshold {1 + margin:.2f}x")
     for f in findings:
         if f.kind == "slow_compute":
-            ax2.axvspan(f.from_step, f.to_step, color=colors.get(f.host, "red"), alpha=0.2)
+            col = colors.get((f.host, f.local_rank), "red")
+            ax2.axvspan(f.from_step, f.to_step, color=col, alpha=0.2)
             ax2.text((f.from_step + f.to_step) / 2, 0.95, f.host, transform=ax2.get_xaxis_transform(),
-                     ha="center", va="top", fontsize=9, fontweight="bold", color=colors.get(f.host, "red"))
+                     ha="center", va="top", fontsize=9, fontweight="bold", color=col)
     ratios = [1.0, 1 + margin] + [t.ratio for t in tail]
     ax2.set_ylim(min(ratios) * 0.97, max(ratios) * 1.15)
     ax2.set_ylabel("max / median")
@@ -343,28 +364,28 @@ def plot_step_time(run: Run, findings: list[straggler.StragglerFinding], margin:
     plt.close(fig)
 
 
-def plot_world_size(run: Run, fl: list[Fault], rs: list[Restart], t0: float, out: Path) -> None:
+def plot_world_size(run: Run, fl: list[Fault], rs: list[Restart], tx: TimeAxis, out: Path) -> None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(11, 3.2))
     tl = world_size_timeline(run)
     if tl:
-        ax.step([(t - t0) / 60 for t, _ in tl], [w for _, w in tl], where="post", color="tab:blue", lw=2)
+        ax.step([tx(t) for t, _ in tl], [w for _, w in tl], where="post", color="tab:blue", lw=2)
         for a, b in idle_gaps([t for t, _ in tl]):
-            ax.axvspan((a - t0) / 60, (b - t0) / 60, color="gray", alpha=0.25)
-            ax.text((a + b - 2 * t0) / 120, 0.04, f"no steps\n{b - a:.0f} s",
+            ax.axvspan(tx(a), tx(b), color="gray", alpha=0.25)
+            ax.text((tx(a) + tx(b)) / 2, 0.04, f"no steps\n{b - a:.0f} s",
                     transform=ax.get_xaxis_transform(), ha="center", va="bottom", fontsize=8, color="dimgray")
     for f in fl:
         if f.time is not None:
-            ax.axvline((f.time - t0) / 60, color="crimson", lw=1.5)
-            ax.text((f.time - t0) / 60, 0.98, f" {f.mode} {f.node}", color="crimson", va="top",
+            ax.axvline(tx(f.time), color="crimson", lw=1.5)
+            ax.text(tx(f.time), 0.98, f" {f.mode} {f.node}", color="crimson", va="top",
                     transform=ax.get_xaxis_transform(), fontsize=9, fontweight="bold")
     for r in rs:
         if not r.initial:
-            ax.axvline((r.time - t0) / 60, color="darkorange", lw=1.2, ls="--")
+            ax.axvline(tx(r.time), color="darkorange", lw=1.2, ls="--")
     top = max([w for _, w in tl] + [1])
     ax.set_ylim(0, top + 0.8)
     ax.set_yticks(range(0, top + 1))
-    ax.set_xlabel("minutes since start")
+    ax.set_xlabel(tx.label)
     ax.set_ylabel("world size")
     ax.set_title("World size over time (red: fault, orange: restart, gray: no training)", loc="left")
     fig.tight_layout()
@@ -372,11 +393,11 @@ def plot_world_size(run: Run, fl: list[Fault], rs: list[Restart], t0: float, out
     plt.close(fig)
 
 
-def plot_cpu(run: Run, t0: float, out: Path) -> tuple[bool, bool]:
+def plot_cpu(run: Run, tx: TimeAxis, out: Path) -> tuple[bool, bool]:
     """Returns (has clock readings, has temperature readings)."""
     plt = _plt()
     series = step_series(run)
-    colors = _host_colors(h for h, _ in series)
+    colors = _worker_colors(series)
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
     have = []
     for ax, key, title, unit in ((axes[0], "cpu_mhz", "CPU clock per node", "MHz"),
@@ -385,11 +406,12 @@ def plot_cpu(run: Run, t0: float, out: Path) -> tuple[bool, bool]:
         for (host, lr), recs in sorted(series.items()):
             if lr:
                 continue  # one line per node
-            pts = [((r["time"] - t0) / 60, v) for r in recs
+            pts = [(tx(r["time"]), v) for r in recs
                    if (v := _num(r.get(key))) is not None and _num(r.get("time")) is not None]
             if pts:
                 any_val = True
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=1.2, color=colors[host], label=host)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=1.2, color=colors[(host, lr)],
+                        label=host)
             else:
                 silent.append(host)
         if any_val:
@@ -402,7 +424,7 @@ def plot_cpu(run: Run, t0: float, out: Path) -> tuple[bool, bool]:
                     color="gray")
             ax.set_yticks([])
         ax.set_title(title, loc="left")
-        ax.set_xlabel("minutes since start")
+        ax.set_xlabel(tx.label)
         ax.set_ylabel(unit)
         have.append(any_val)
     fig.tight_layout()
@@ -468,6 +490,12 @@ def _fmt_wall(s: float | None) -> str:
     return f"{s // 3600}h {s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m {s % 60:02d}s"
 
 
+def _fmt_params(n: float | None) -> str:
+    if not n:
+        return "—"
+    return f"{n / 1e6:.2f} M params" if n >= 1e6 else f"{n / 1e3:.1f} k params"
+
+
 def _fmt_loss(v: Any) -> str:
     x = _num(v)
     return "—" if x is None else f"{x:.3f}"
@@ -507,7 +535,7 @@ def key_figures(run: Run, rs: list[Restart], fl: list[Fault], findings: list[str
         ("restarts", str(s.get("restarts", sum(1 for r in rs if not r.initial)))),
         ("faults injected", str(len(fl))),
         ("batch policy", str(s.get("batch_policy") or start.get("batch_policy") or "—")),
-        ("model", f"{params / 1e6:.2f} M params" if params else "—"),
+        ("model", _fmt_params(params)),
         ("tokens/s (max N)", f"{tok[-1]:,.0f}" if tok else "—"),
         ("stragglers", ", ".join(sorted({f.host for f in findings})) or "none"),
     ]
@@ -547,8 +575,9 @@ def build_report(run_dir: str | Path, margin: float = straggler.DEFAULT_MARGIN,
             plots[name] = f"plots/{name}.png"
         plot_loss(run, fl, rs, plots_dir / "loss.png")
         plot_step_time(run, findings, margin, plots_dir / "step_time.png")
-        plot_world_size(run, fl, rs, t0, plots_dir / "world_size.png")
-        cpu_has = plot_cpu(run, t0, plots_dir / "cpu.png")
+        tx = TimeAxis.for_span(t0, t1)
+        plot_world_size(run, fl, rs, tx, plots_dir / "world_size.png")
+        cpu_has = plot_cpu(run, tx, plots_dir / "cpu.png")
         plot_share(run, rs, plots_dir / "share.png")
 
     recoveries = []
