@@ -1,0 +1,297 @@
+"""Run configuration of the training program: one validated dataclass, presets, JSON and CLI.
+
+Precedence, lowest to highest: dataclass defaults < preset < JSON file (``--config``) < CLI flags.
+The preset is itself chosen by the same precedence (CLI ``--preset`` beats the JSON's ``preset``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+CANONICAL_DATA_URL = (
+    "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+)
+CANONICAL_DATA_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+
+BATCH_POLICIES = ("keep_per_rank", "keep_global")
+
+#: Model/batch presets. ``small`` is the default CPU configuration; ``medium`` is the larger one
+#: (the size of the classic character-level Shakespeare GPT, practical on a fast multi-core node);
+#: ``tiny`` is for tests and smoke runs.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {
+        "n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32, "dropout": 0.0,
+        "per_rank_batch_size": 4,
+    },
+    "small": {
+        "n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "dropout": 0.0,
+        "per_rank_batch_size": 12,
+    },
+    "medium": {
+        "n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256, "dropout": 0.2,
+        "per_rank_batch_size": 16,
+    },
+}
+
+#: Fields that fix the shape of the model: a checkpoint can only be resumed with the same values.
+MODEL_SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the key, the value and the fix."""
+
+
+@dataclass
+class TrainConfig:
+    """Every knob of one training run (JSON keys and CLI flags carry the same snake_case names).
+
+    Units: learning rates per optimizer step; batch sizes in samples (one sample = one window of
+    ``block_size`` characters); times in seconds; intervals in optimizer steps.
+    """
+
+    run_id: str = "local"
+    out_dir: str = "out"
+    # data
+    data_path: str = "data/tinyshakespeare/input.txt"
+    data_url: str | None = CANONICAL_DATA_URL
+    data_sha256: str | None = CANONICAL_DATA_SHA256
+    # model
+    preset: str = "small"
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    block_size: int = 64
+    dropout: float = 0.0
+    # batch and learning rate
+    per_rank_batch_size: int = 12
+    global_batch_size: int | None = None
+    batch_policy: str = "keep_per_rank"
+    base_lr: float = 2e-3
+    reference_batch_size: int = 36
+    warmup_steps: int = 50
+    min_lr_ratio: float = 0.1
+    max_steps: int = 1500
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0
+    # evaluation, checkpoints, logging
+    eval_interval: int = 250
+    eval_iters: int = 20
+    ckpt_interval: int = 100
+    keep_checkpoints: int = 3
+    log_interval: int = 10
+    sample_chars: int = 500
+    # runtime
+    pg_timeout_s: float = 60.0
+    seed: int = 1337
+    threads: int | None = None
+
+    def validate(self) -> TrainConfig:
+        """Check every field; return ``self``.
+
+        Raises:
+            ConfigError: naming the first invalid key, its value and what is allowed.
+        """
+        def bad(key: str, why: str) -> ConfigError:
+            return ConfigError(f"config key '{key}' = {getattr(self, key)!r}: {why}")
+
+        positive_ints = ("n_layer", "n_head", "n_embd", "block_size", "per_rank_batch_size",
+                         "reference_batch_size", "max_steps", "eval_interval", "eval_iters",
+                         "ckpt_interval", "keep_checkpoints", "log_interval")
+        for key in positive_ints:
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise bad(key, "must be an integer")
+            if value <= 0:
+                raise bad(key, "must be a positive integer (> 0)")
+        for key in ("warmup_steps", "sample_chars", "seed"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise bad(key, "must be an integer >= 0")
+        if self.global_batch_size is not None and (
+            isinstance(self.global_batch_size, bool) or not isinstance(self.global_batch_size, int)
+            or self.global_batch_size <= 0
+        ):
+            raise bad("global_batch_size", "must be a positive integer or null")
+        if self.threads is not None and (
+            isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads <= 0
+        ):
+            raise bad("threads", "must be a positive integer or null (= physical cores)")
+        for key in ("base_lr", "pg_timeout_s"):
+            value = getattr(self, key)
+            if not _is_real(value) or value <= 0:
+                raise bad(key, "must be a number > 0")
+        for key in ("weight_decay", "grad_clip"):
+            value = getattr(self, key)
+            if not _is_real(value) or value < 0:
+                raise bad(key, "must be a number >= 0 (grad_clip 0 disables clipping)")
+        for key in ("dropout", "beta1", "beta2"):
+            value = getattr(self, key)
+            if not _is_real(value) or not 0 <= value < 1:
+                raise bad(key, "must be a number in [0, 1)")
+        if not _is_real(self.min_lr_ratio) or not 0 <= self.min_lr_ratio <= 1:
+            raise bad("min_lr_ratio", "must be a number in [0, 1]")
+        if self.n_embd % self.n_head:
+            raise bad("n_embd", f"must be divisible by n_head = {self.n_head}")
+        if self.batch_policy not in BATCH_POLICIES:
+            raise bad("batch_policy", f"must be one of {', '.join(BATCH_POLICIES)}")
+        if self.preset not in PRESETS:
+            raise bad("preset", f"must be one of {', '.join(PRESETS)}")
+        if self.warmup_steps >= self.max_steps:
+            raise bad("warmup_steps", f"must be smaller than max_steps = {self.max_steps}")
+        if self.data_sha256 is not None and (
+            len(self.data_sha256) != 64 or any(c not in "0123456789abcdef" for c in self.data_sha256)
+        ):
+            raise bad("data_sha256", "must be 64 lowercase hex digits or null")
+        for key in ("run_id", "out_dir", "data_path"):
+            if not isinstance(getattr(self, key), str) or not getattr(self, key):
+                raise bad(key, "must be a non-empty string")
+        if "/" in self.run_id or self.run_id in (".", ".."):
+            raise bad("run_id", "must not contain '/' (it names folders)")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """The configuration as a JSON-ready dict."""
+        return dataclasses.asdict(self)
+
+    def model_shape(self) -> dict[str, int]:
+        """The fields that a checkpoint must match to be resumed."""
+        return {key: getattr(self, key) for key in MODEL_SHAPE_FIELDS}
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _field_types() -> dict[str, type]:
+    hints = typing.get_type_hints(TrainConfig)
+    out: dict[str, type] = {}
+    for f in fields(TrainConfig):
+        hint = hints[f.name]
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+            hint = args[0]
+        out[f.name] = hint
+    return out
+
+
+FIELD_TYPES = _field_types()
+
+
+def _coerce(key: str, value: Any) -> Any:
+    """Convert a JSON/CLI value to the field's type; ``None``/"null"/"none" clears optional fields."""
+    want = FIELD_TYPES[key]
+    if isinstance(value, str) and value.lower() in ("null", "none") and want is not str:
+        return None
+    if value is None:
+        return None
+    try:
+        if want is int:
+            if isinstance(value, bool):
+                raise ValueError
+            if isinstance(value, float):
+                if not value.is_integer():
+                    raise ValueError
+                return int(value)
+            return int(value)
+        if want is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"config key '{key}' = {value!r}: must be {want.__name__}") from None
+    if want is str:
+        return str(value)
+    return value
+
+
+def build_config(
+    json_values: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None
+) -> TrainConfig:
+    """Merge defaults < preset < ``json_values`` < ``overrides`` and validate.
+
+    Raises:
+        ConfigError: an unknown key, a value of the wrong type or an invalid value.
+    """
+    json_values = dict(json_values or {})
+    overrides = dict(overrides or {})
+    known = {f.name for f in fields(TrainConfig)}
+    for source, values in (("config file", json_values), ("command line", overrides)):
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown config key(s) in {source}: {', '.join(unknown)} "
+                f"(known: {', '.join(sorted(known))})"
+            )
+    preset = overrides.get("preset", json_values.get("preset", TrainConfig.preset))
+    if preset not in PRESETS:
+        raise ConfigError(f"config key 'preset' = {preset!r}: must be one of {', '.join(PRESETS)}")
+    merged: dict[str, Any] = {"preset": preset, **PRESETS[preset]}
+    for values in (json_values, overrides):
+        for key, value in values.items():
+            merged[key] = _coerce(key, value)
+    return TrainConfig(**merged).validate()
+
+
+def load_json(path: str | Path) -> dict[str, Any]:
+    """Read a run config JSON object.
+
+    Raises:
+        ConfigError: the file is missing, unreadable, not JSON, or not an object.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid JSON: {exc}") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"config file {path} must hold a JSON object, not {type(values).__name__}")
+    return values
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The CLI: ``--config run.json`` plus one ``--<key>`` flag per TrainConfig field."""
+    parser = argparse.ArgumentParser(
+        prog="python -m ddplab.train",
+        description="Elastic, exactly-resumable character-level GPT training (torchrun or alone).",
+        argument_default=argparse.SUPPRESS,
+    )
+    parser.add_argument("--config", help="JSON file of config keys (CLI flags override it)")
+    parser.add_argument(
+        "--check", action="store_true",
+        help="validate config, dataset and checkpoint folder, print the resolved config, exit",
+    )
+    for f in fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        alias = "--" + f.name
+        names = [flag] if flag == alias else [flag, alias]
+        parser.add_argument(
+            *names, dest=f.name, metavar=FIELD_TYPES[f.name].__name__.upper(),
+            help=f"(default {f.default!r})",
+        )
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, bool]:
+    """Parse the command line into a validated config; return ``(config, check_only)``.
+
+    Raises:
+        ConfigError: see :func:`build_config` and :func:`load_json`.
+    """
+    ns = vars(make_parser().parse_args(argv))
+    check = bool(ns.pop("check", False))
+    config_path = ns.pop("config", None)
+    json_values = load_json(config_path) if config_path else {}
+    return build_config(json_values, ns), check

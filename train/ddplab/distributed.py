@@ -1,0 +1,177 @@
+"""torchrun environment, the gloo process group, checkpoint agreement and timed gradient sync.
+
+Under ``torchrun`` the environment carries ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``LOCAL_WORLD_SIZE``, ``TORCHELASTIC_RESTART_COUNT`` and ``MASTER_ADDR``/``MASTER_PORT``; alone, the
+program is rank 0 of 1 and needs no process group.
+"""
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from ddplab.checkpoint import CheckpointStore, ScanResult
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits in the job (torchrun's environment variables)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    restart_count: int = 0
+    host: str = "localhost"
+
+    @property
+    def distributed(self) -> bool:
+        """True when a process group is needed (more than one rank)."""
+        return self.world_size > 1
+
+    @classmethod
+    def from_environ(cls, environ: dict[str, str] | None = None) -> "DistEnv":
+        """Read torchrun's variables.
+
+        Raises:
+            ValueError: a variable is not an integer, or the values are inconsistent.
+        """
+        env = os.environ if environ is None else environ
+
+        def read(name: str, default: int) -> int:
+            raw = env.get(name)
+            if raw in (None, ""):
+                return default
+            try:
+                return int(raw)
+            except ValueError:
+                raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+
+        world = read("WORLD_SIZE", 1)
+        rank = read("RANK", 0)
+        local_rank = read("LOCAL_RANK", 0)
+        local_world = read("LOCAL_WORLD_SIZE", 1)
+        if world < 1 or not 0 <= rank < world:
+            raise ValueError(f"inconsistent torchrun environment: RANK={rank} WORLD_SIZE={world}")
+        if local_world < 1 or not 0 <= local_rank < local_world:
+            raise ValueError(
+                f"inconsistent torchrun environment: LOCAL_RANK={local_rank} LOCAL_WORLD_SIZE={local_world}"
+            )
+        return cls(
+            rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
+            restart_count=read("TORCHELASTIC_RESTART_COUNT", 0), host=socket.gethostname(),
+        )
+
+
+def init_process_group(env: DistEnv, timeout_s: float) -> None:
+    """Join the gloo process group (env:// rendezvous from torchrun) with an explicit timeout.
+
+    gloo's default timeout is 30 min: a peer that vanishes without a TCP reset would stall the
+    survivors that long, so every collective here fails after ``timeout_s`` instead.
+    """
+    if env.distributed and not dist.is_initialized():
+        dist.init_process_group(
+            backend="gloo", rank=env.rank, world_size=env.world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+
+
+def destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_scalar(value: float, op: str = "sum") -> float:
+    """Reduce one number over all ranks (``sum``, ``max`` or ``min``); identity when alone."""
+    if not dist.is_initialized():
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64)
+    ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+    dist.all_reduce(tensor, op=ops[op])
+    return float(tensor.item())
+
+
+def broadcast_bytes(data: bytes | None, src: int) -> bytes:
+    """Send ``data`` from rank ``src`` to every rank (size first, then a uint8 tensor)."""
+    if not dist.is_initialized():
+        assert data is not None
+        return data
+    is_src = dist.get_rank() == src
+    size = torch.tensor([len(data) if is_src and data is not None else 0], dtype=torch.int64)
+    dist.broadcast(size, src=src)
+    if is_src:
+        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    else:
+        buf = torch.empty(int(size.item()), dtype=torch.uint8)
+    dist.broadcast(buf, src=src)
+    return data if is_src else buf.numpy().tobytes()
+
+
+@dataclass
+class Agreement:
+    """Result of :func:`agree_on_checkpoint`."""
+
+    step: int | None  # the newest step any node holds a valid checkpoint of (None: fresh start)
+    holder: int | None  # lowest rank that holds it; it broadcast the state
+    data: bytes | None  # the checkpoint bytes (identical on every rank)
+    local: ScanResult  # what this rank found in its own node's folder
+    local_has_it: bool  # this node already holds the agreed checkpoint
+
+
+def agree_on_checkpoint(store: CheckpointStore) -> Agreement:
+    """Agree on the newest valid step across all nodes and share that state with every rank.
+
+    Each rank scans its node's folder for the newest checkpoint that verifies; an all-reduce MAX
+    picks the newest step anywhere; an all-reduce MIN over "ranks holding it" picks the sender,
+    which broadcasts the verified bytes. A node that rejoins with an empty folder catches up.
+    """
+    scan, data = store.newest_valid()
+    mine = -1 if scan.step is None else scan.step
+    newest = int(all_reduce_scalar(float(mine), "max"))
+    if newest < 0:
+        return Agreement(None, None, None, scan, False)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    holder = int(all_reduce_scalar(float(rank if mine == newest else world), "min"))
+    shared = broadcast_bytes(data if rank == holder else None, src=holder)
+    return Agreement(newest, holder, shared, scan, mine == newest)
+
+
+class TimedAllReduce:
+    """DDP communication hook state: an all-reduce (mean) per gradient bucket, timed.
+
+    DDP calls the hook when a bucket's gradients are ready; the hook runs the all-reduce to
+    completion before returning, so ``seconds`` is the wall time spent in all-reduce including
+    waiting for the slowest rank to arrive. (Waiting inside the hook forgoes DDP's overlap of
+    communication with the rest of backward; for the small models of this lab all gradients fit
+    in one or two buckets, so there is little to overlap.) An exception from the collective
+    propagates out of ``backward()``, before the optimizer step, so the parameters stay those of
+    the last completed step.
+    """
+
+    def __init__(self, world_size: int, group=None) -> None:
+        self.world_size = world_size
+        self.group = group
+        self.seconds = 0.0
+        self.calls = 0
+
+    def reset(self) -> None:
+        self.seconds = 0.0
+        self.calls = 0
+
+    # (annotations evaluated eagerly: DDP's register_comm_hook checks them by identity)
+    @staticmethod
+    def hook(state: "TimedAllReduce", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        t0 = time.perf_counter()
+        buf = bucket.buffer()
+        dist.all_reduce(buf, group=state.group)
+        buf.div_(state.world_size)
+        state.seconds += time.perf_counter() - t0
+        state.calls += 1
+        fut = torch.futures.Future()
+        fut.set_result(buf)
+        return fut

@@ -1,0 +1,513 @@
+"""Entry point: ``python -m ddplab.train [--config run.json] [--key value ...]``.
+
+Runs alone (rank 0 of 1, no process group) or as one worker under ``torchrun`` (gloo + DDP). Every
+(re)start reads ``WORLD_SIZE`` and re-applies the batch policy, agrees with the other nodes on the
+newest valid checkpoint and resumes from it. When a collective fails or the agent stops the
+worker (SIGTERM), the worker saves the last *completed* step before it exits non-zero, so the
+restarted group loses no step. See docs/training.md.
+
+Exit codes: 0 finished ``max_steps``; 1 training failed (after an emergency checkpoint when
+possible); 2 bad input (nothing was changed); 128 + signal when stopped by a signal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddplab import telemetry
+from ddplab.checkpoint import CheckpointError, CheckpointStore
+from ddplab.config import MODEL_SHAPE_FIELDS, ConfigError, TrainConfig, parse_args
+from ddplab.data import (
+    STREAM_TRAIN,
+    STREAM_TRAIN_EVAL,
+    STREAM_VAL_EVAL,
+    CharDataset,
+    DataError,
+    WindowSampler,
+    get_batch,
+    load_dataset,
+    mix,
+    rank_sample_indices,
+)
+from ddplab.distributed import (
+    DistEnv,
+    TimedAllReduce,
+    agree_on_checkpoint,
+    all_reduce_scalar,
+    destroy_process_group,
+    init_process_group,
+)
+from ddplab.lr import BatchPlan, BatchPolicyError, lr_at, plan_batch
+from ddplab.metrics import MetricsWriter
+from ddplab.model import GPT, GPTConfig
+
+CHECKPOINT_FORMAT = 1
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class Terminated(BaseException):
+    """SIGTERM/SIGINT arrived (torchrun stops the surviving workers this way)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+class SignalGuard:
+    """Turn SIGTERM/SIGINT into :class:`Terminated`, deferred while a critical section runs.
+
+    The optimizer update and checkpoint writes are critical: a signal arriving there is raised
+    when the section ends, so the state saved afterwards is always a whole step.
+    """
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.pending: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        if self.depth:
+            self.pending = signum
+            return
+        raise Terminated(signum)
+
+    @contextlib.contextmanager
+    def critical(self):
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+        if not self.depth and self.pending is not None:
+            raise Terminated(self.pending)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class Trainer:
+    """One worker's run: setup, agreement, training loop, evaluation, checkpoints, metrics."""
+
+    def __init__(self, cfg: TrainConfig, env: DistEnv) -> None:
+        self.cfg = cfg
+        self.env = env
+        self.out = Path(cfg.out_dir)
+        self.guard = SignalGuard()
+        self.session_start = time.time()
+        # state of the run (filled by setup / restore)
+        self.step = 0
+        self.samples_seen = 0
+        self.history: list[dict[str, Any]] = []
+        self.first_start_time = self.session_start
+        self.first_global_batch: int | None = None
+        self.consistent = True  # model/optimizer hold a whole step (False inside the update)
+        self.metrics: MetricsWriter | None = None
+        self.last_train_loss: float | None = None
+        self.last_val: tuple[float, float] | None = None
+        self.last_val_step: int | None = None
+        self.session_tokens = 0
+        self.loop_seconds = 0.0
+
+    # --- setup: everything that can reject bad input runs before anything is written ---------
+    def validate_inputs(self) -> None:
+        """Dataset, block size, checkpoint folder and batch policy.
+
+        Raises:
+            DataError, CheckpointError, BatchPolicyError: one clear message each.
+        """
+        cfg = self.cfg
+        self.data: CharDataset = load_dataset(cfg.data_path, cfg.data_url, cfg.data_sha256)
+        self.data.check_block_size(cfg.block_size)
+        self.store = CheckpointStore(self.out / "checkpoints", cfg.keep_checkpoints)
+        self.store.check(create=False)
+        if cfg.batch_policy == "keep_global" and cfg.global_batch_size is not None:
+            plan_batch(cfg.batch_policy, self.env.world_size, cfg.per_rank_batch_size,
+                       cfg.reference_batch_size, cfg.global_batch_size)
+
+    def threads(self) -> int:
+        """Intra-op threads: ``threads`` or the node's physical cores shared by its local workers."""
+        if self.cfg.threads:
+            return self.cfg.threads
+        return max(1, telemetry.physical_cores() // self.env.local_world_size)
+
+    def setup(self) -> None:
+        cfg, env = self.cfg, self.env
+        self.store.check(create=True)
+        torch.set_num_threads(self.threads())
+        init_process_group(env, cfg.pg_timeout_s)
+        self.metrics = MetricsWriter(self.out / "metrics", env.host, env.rank, env.local_rank,
+                                     env.world_size, env.restart_count)
+        agreement = agree_on_checkpoint(self.store)
+        for path, why in agreement.local.rejected:
+            print(f"[rank {env.rank}] skipping checkpoint {path}: {why}", file=sys.stderr, flush=True)
+        state = None
+        if agreement.data is not None:
+            from ddplab.checkpoint import deserialize
+
+            state = deserialize(agreement.data)
+            self._check_compatible(state)
+
+        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+        gcfg = GPTConfig(vocab_size=len(self.data.vocab), block_size=cfg.block_size,
+                         n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout)
+        self.model = GPT(gcfg)
+        self.optimizer = torch.optim.AdamW(
+            self.model.param_groups(cfg.weight_decay), lr=cfg.base_lr, betas=(cfg.beta1, cfg.beta2),
+        )
+        if state is not None:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.step = int(state["step"])
+            self.samples_seen = int(state["samples_seen"])
+            self.history = list(state.get("world_size_history", []))
+            self.first_start_time = float(state.get("first_start_time", self.session_start))
+            self.first_global_batch = state.get("first_global_batch_size")
+            if env.local_rank == 0 and not agreement.local_has_it:
+                # this node rejoined without that checkpoint: keep a local copy right away
+                with self.guard.critical():
+                    self.store.save_bytes(self.step, agreement.data)
+        self.resumed_from = self.step if state is not None else None
+
+        global_batch = cfg.global_batch_size or self.first_global_batch
+        self.plan: BatchPlan = plan_batch(cfg.batch_policy, env.world_size, cfg.per_rank_batch_size,
+                                          cfg.reference_batch_size, global_batch)
+        if self.first_global_batch is None:
+            self.first_global_batch = self.plan.global_batch_size
+        self.history.append({
+            "time": round(self.session_start, 3), "step": self.step, "world_size": env.world_size,
+            "restart_count": env.restart_count, **{k: v for k, v in self.plan.to_dict().items()
+                                                   if k != "world_size"},
+        })
+
+        self.ddp: torch.nn.Module = self.model
+        self.comm = TimedAllReduce(env.world_size)
+        if env.distributed:
+            self.ddp = DDP(self.model)
+            self.ddp.register_comm_hook(self.comm, TimedAllReduce.hook)
+
+        self.train_sampler = WindowSampler(len(self.data.train), cfg.block_size, cfg.seed, STREAM_TRAIN)
+        self.eval_samplers = {
+            "val": (self.data.val, WindowSampler(len(self.data.val), cfg.block_size, cfg.seed,
+                                                 STREAM_VAL_EVAL)),
+            "train": (self.data.train, WindowSampler(len(self.data.train), cfg.block_size, cfg.seed,
+                                                     STREAM_TRAIN_EVAL)),
+        }
+        self.metrics.write(
+            "start", resumed_from_step=self.resumed_from, samples_seen=self.samples_seen,
+            batch_policy=self.plan.batch_policy, per_rank_batch_size=self.plan.per_rank_batch_size,
+            global_batch_size=self.plan.global_batch_size, grad_accum_steps=self.plan.grad_accum_steps,
+            lr_scale=self.plan.lr_scale, reference_batch_size=self.plan.reference_batch_size,
+            threads=torch.get_num_threads(), params=self.model.num_params(),
+            checkpoint_holder_rank=agreement.holder, max_steps=cfg.max_steps, run_id=cfg.run_id,
+            pid=os.getpid(),
+        )
+        if env.rank == 0:
+            how = f"resumed from step {self.step}" if state is not None else "fresh start"
+            print(f"[ddplab] {how}; world_size {env.world_size}, restart {env.restart_count}, "
+                  f"{self.plan.batch_policy}: global batch {self.plan.global_batch_size} = "
+                  f"{env.world_size} x {self.plan.per_rank_batch_size} x {self.plan.grad_accum_steps}, "
+                  f"lr x{self.plan.lr_scale:.3g}, {self.model.num_params():,} params, "
+                  f"{torch.get_num_threads()} threads", flush=True)
+
+    def _check_compatible(self, state: dict[str, Any]) -> None:
+        saved = state.get("config", {})
+        diffs = [f"{k}: checkpoint {saved.get(k)!r}, config {getattr(self.cfg, k)!r}"
+                 for k in MODEL_SHAPE_FIELDS if saved.get(k) != getattr(self.cfg, k)]
+        if state.get("vocab") != self.data.vocab.chars:
+            diffs.append("vocabulary differs (another dataset)")
+        if diffs:
+            raise CheckpointError(
+                f"checkpoint of step {state.get('step')} in {self.store.dir} does not match this run ("
+                + "; ".join(diffs) + "): use the same model config and data, or another out_dir"
+            )
+
+    # --- state --------------------------------------------------------------------------------
+    def state_dict(self, reason: str) -> dict[str, Any]:
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "step": self.step,
+            "samples_seen": self.samples_seen,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "config": self.cfg.to_dict(),
+            "vocab": self.data.vocab.chars,
+            "world_size_history": self.history,
+            "first_start_time": self.first_start_time,
+            "first_global_batch_size": self.first_global_batch,
+            # Every random draw is a function of (seed, step, rank, micro-step) or of
+            # (seed, global sample index), so no generator state needs restoring.
+            "rng": {"scheme": "stateless", "seed": self.cfg.seed},
+            "saved_by": {"host": self.env.host, "rank": self.env.rank, "reason": reason,
+                         "time": time.time()},
+        }
+
+    def save_checkpoint(self, reason: str) -> None:
+        with self.guard.critical():
+            result = self.store.save(self.state_dict(reason))
+        if result.written:
+            self.metrics.write("checkpoint", step=result.step, path=str(result.path),
+                               bytes=result.bytes, seconds=round(result.seconds, 4), reason=reason)
+            self.metrics.sync()
+
+    # --- training -----------------------------------------------------------------------------
+    def train_step(self) -> tuple[float, float, float]:
+        """One optimizer step; returns (local mean loss, step seconds, all-reduce seconds)."""
+        cfg, env, plan = self.cfg, self.env, self.plan
+        t0 = time.perf_counter()
+        lr = lr_at(self.step, cfg.base_lr, plan.lr_scale, cfg.warmup_steps, cfg.max_steps,
+                   cfg.min_lr_ratio)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.zero_grad(set_to_none=True)
+        self.comm.reset()
+        loss_sum = 0.0
+        for micro in range(plan.grad_accum_steps):
+            indices = rank_sample_indices(self.samples_seen, env.rank, env.world_size,
+                                          plan.per_rank_batch_size, micro)
+            x, y = get_batch(self.data.train, self.train_sampler, indices)
+            if cfg.dropout > 0:
+                torch.manual_seed(mix(cfg.seed, self.step, env.rank, micro))
+            last = micro == plan.grad_accum_steps - 1
+            sync = contextlib.nullcontext() if last or not env.distributed else self.ddp.no_sync()
+            with sync:
+                _, loss = self.ddp(x, y)
+                (loss / plan.grad_accum_steps).backward()  # all-reduce happens in the last backward
+            loss_sum += loss.item()
+        # Reaching this line means every all-reduce of this step succeeded.
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        with self.guard.critical():
+            self.consistent = False
+            self.optimizer.step()
+            self.step += 1
+            self.samples_seen += plan.global_batch_size
+            self.consistent = True
+        self.lr = lr
+        return loss_sum / plan.grad_accum_steps, time.perf_counter() - t0, self.comm.seconds
+
+    @torch.no_grad()
+    def evaluate(self) -> tuple[float, float]:
+        """Mean loss over fixed windows of the val and train splits (same set at every world size).
+
+        ``eval_iters * per_rank_batch_size`` windows per split, dealt round-robin to the ranks and
+        summed with an all-reduce, so the figure does not depend on the world size.
+        """
+        cfg, env = self.cfg, self.env
+        n = cfg.eval_iters * cfg.per_rank_batch_size
+        mine = np.arange(env.rank, n, env.world_size, dtype=np.int64)
+        self.model.eval()
+        out = []
+        for split in ("val", "train"):
+            tokens, sampler = self.eval_samplers[split]
+            total = 0.0
+            for i in range(0, len(mine), cfg.per_rank_batch_size):
+                chunk = mine[i:i + cfg.per_rank_batch_size]
+                x, y = get_batch(tokens, sampler, chunk)
+                _, loss = self.model(x, y)
+                total += float(loss.item()) * len(chunk)
+            out.append(all_reduce_scalar(total, "sum") / n)
+        self.model.train()
+        return out[0], out[1]
+
+    def run_eval(self) -> None:
+        val_loss, train_loss = self.evaluate()
+        self.last_val = (val_loss, train_loss)
+        self.last_val_step = self.step
+        self.metrics.write("val", step=self.step, val_loss=round(val_loss, 6),
+                           train_loss=round(train_loss, 6))
+        if self.env.rank == 0:
+            print(f"[ddplab] step {self.step}: val loss {val_loss:.4f}, train loss {train_loss:.4f}",
+                  flush=True)
+
+    def loop(self) -> None:
+        cfg, env, plan = self.cfg, self.env, self.plan
+        tokens_per_step = plan.global_batch_size * cfg.block_size
+        loop_t0 = time.perf_counter()
+        while self.step < cfg.max_steps:
+            loss, step_s, allreduce_s = self.train_step()
+            self.session_tokens += tokens_per_step
+            done = self.step == cfg.max_steps
+            if self.step % cfg.log_interval == 0 or done:
+                mean_loss = all_reduce_scalar(loss, "sum") / env.world_size
+                self.last_train_loss = mean_loss
+                self.metrics.write(
+                    "step", step=self.step, loss=round(mean_loss, 6), local_loss=round(loss, 6),
+                    lr=self.lr, global_batch_size=plan.global_batch_size,
+                    per_rank_batch_size=plan.per_rank_batch_size, grad_accum_steps=plan.grad_accum_steps,
+                    samples_seen=self.samples_seen, step_time_s=round(step_s, 6),
+                    compute_s=round(step_s - allreduce_s, 6), allreduce_s=round(allreduce_s, 6),
+                    tokens_per_s=round(tokens_per_step / step_s, 1),
+                    cpu_mhz=telemetry.cpu_mhz(), temp_c=telemetry.temp_c(),
+                )
+                if env.rank == 0:
+                    print(f"[ddplab] step {self.step}/{cfg.max_steps} loss {mean_loss:.4f} "
+                          f"lr {self.lr:.2e} ws {env.world_size} {tokens_per_step / step_s:,.0f} tok/s "
+                          f"(all-reduce {allreduce_s * 1e3:.1f} ms of {step_s * 1e3:.1f} ms)", flush=True)
+            if self.step % cfg.eval_interval == 0 or done:
+                self.run_eval()
+            if env.local_rank == 0 and (self.step % cfg.ckpt_interval == 0 or done):
+                self.save_checkpoint("final" if done else "periodic")
+        self.loop_seconds = time.perf_counter() - loop_t0
+
+    def finish(self) -> None:
+        cfg, env = self.cfg, self.env
+        if self.last_val_step != self.step:
+            self.run_eval()
+        if env.local_rank == 0:
+            self.save_checkpoint("final")  # no-op when the loop already wrote this step
+        val_loss, train_loss = self.last_val
+        now = time.time()
+        wall = now - self.first_start_time
+        self.metrics.write("end", step=self.step, final_train_loss=round(train_loss, 6),
+                           final_val_loss=round(val_loss, 6), wall_s=round(wall, 3),
+                           session_wall_s=round(now - self.session_start, 3))
+        if env.rank != 0:
+            return
+        sample = self.sample_text()
+        _atomic_write_text(self.out / "sample.txt", sample)
+        tok_s = self.session_tokens / self.loop_seconds if self.loop_seconds > 0 else None
+        result = {
+            "run_id": cfg.run_id, "steps": self.step, "max_steps": cfg.max_steps,
+            "final_train_loss": train_loss, "final_val_loss": val_loss,
+            "final_step_loss": self.last_train_loss, "samples_seen": self.samples_seen,
+            "tokens_seen": self.samples_seen * cfg.block_size, "wall_s": round(wall, 3),
+            "session_wall_s": round(now - self.session_start, 3), "world_size": env.world_size,
+            "restart_count": env.restart_count, "world_size_history": self.history,
+            "batch_policy": self.plan.batch_policy, "global_batch_size": self.plan.global_batch_size,
+            "session_tokens_per_s": round(tok_s, 1) if tok_s else None,
+            "params": self.model.num_params(), "config": cfg.to_dict(),
+        }
+        _atomic_write_text(self.out / "result.json", json.dumps(result, indent=2) + "\n")
+        print(f"[ddplab] done: step {self.step}, val loss {val_loss:.4f}, train loss {train_loss:.4f}, "
+              f"wall {wall:.1f} s", flush=True)
+
+    def sample_text(self) -> str:
+        """``sample_chars`` characters generated from a newline, seeded by ``seed``."""
+        if self.cfg.sample_chars == 0:
+            return ""
+        gen = torch.Generator().manual_seed(self.cfg.seed)
+        start = self.data.vocab.encode("\n") if "\n" in self.data.vocab.chars else np.zeros(1, np.uint16)
+        idx = torch.tensor(start.astype(np.int64))[None, :]
+        out = self.model.generate(idx, self.cfg.sample_chars, temperature=0.8, generator=gen)
+        return self.data.vocab.decode(out[0].tolist()) + "\n"
+
+    # --- failure --------------------------------------------------------------------------------
+    def emergency_save(self, error: BaseException) -> bool:
+        """Save the last completed step after a failure; any surviving rank may do it (the
+        node's checkpoint lock serialises writers and an existing valid file is kept)."""
+        if not self.consistent or self.step == 0 or not hasattr(self, "optimizer"):
+            return False
+        self.guard.depth += 1  # a further SIGTERM must not interrupt this write
+        try:
+            result = self.store.save(self.state_dict("emergency"))
+        except (CheckpointError, OSError) as exc:
+            print(f"[rank {self.env.rank}] emergency checkpoint failed: {exc}", file=sys.stderr, flush=True)
+            return False
+        finally:
+            self.guard.depth -= 1
+            self.guard.pending = None
+        if result.written and self.metrics:
+            self.metrics.write("checkpoint", step=result.step, path=str(result.path),
+                               bytes=result.bytes, seconds=round(result.seconds, 4), reason="emergency")
+        return True
+
+
+def run(cfg: TrainConfig, env: DistEnv | None = None) -> int:
+    """Train with ``cfg`` as this process's rank; return the process exit code."""
+    env = env or DistEnv.from_environ()
+    trainer = Trainer(cfg, env)
+    try:
+        trainer.validate_inputs()
+    except (DataError, CheckpointError, BatchPolicyError, ValueError) as exc:
+        print(f"ddplab.train: error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
+    trainer.guard.install()
+    try:
+        try:
+            trainer.setup()
+        except (CheckpointError, BatchPolicyError, DataError) as exc:
+            print(f"ddplab.train: error: {exc}", file=sys.stderr, flush=True)
+            return EXIT_BAD_INPUT
+        trainer.loop()
+        trainer.finish()
+    except (Exception, Terminated) as exc:
+        code = 128 + exc.signum if isinstance(exc, Terminated) else EXIT_FAILED
+        saved = trainer.emergency_save(exc)
+        if trainer.metrics:
+            trainer.metrics.write("failure", step=trainer.step, error=f"{type(exc).__name__}: {exc}",
+                                  saved=saved)
+            trainer.metrics.close()
+        if not isinstance(exc, Terminated):
+            traceback.print_exc()
+        print(f"[rank {env.rank}] failed at step {trainer.step} ({type(exc).__name__}: {exc}); "
+              f"emergency checkpoint {'saved' if saved else 'not saved'}", file=sys.stderr, flush=True)
+        return code
+    finally:
+        trainer.guard.uninstall()
+    if trainer.metrics:
+        trainer.metrics.close()
+    destroy_process_group()
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry; returns the exit code (see the module docstring)."""
+    try:
+        cfg, check = parse_args(argv)
+        env = DistEnv.from_environ()
+    except (ConfigError, ValueError) as exc:
+        print(f"ddplab.train: error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
+    if check:
+        trainer = Trainer(cfg, env)
+        try:
+            trainer.validate_inputs()
+            plan = plan_batch(cfg.batch_policy, env.world_size, cfg.per_rank_batch_size,
+                              cfg.reference_batch_size, cfg.global_batch_size)
+        except (DataError, CheckpointError, BatchPolicyError, ValueError) as exc:
+            print(f"ddplab.train: error: {exc}", file=sys.stderr, flush=True)
+            return EXIT_BAD_INPUT
+        print(json.dumps({"config": cfg.to_dict(), "world_size": env.world_size,
+                          "batch_plan": plan.to_dict(), "vocab_size": len(trainer.data.vocab),
+                          "train_chars": len(trainer.data.train), "val_chars": len(trainer.data.val),
+                          "checkpoints": trainer.store.steps()}, indent=2))
+        return EXIT_OK
+    return run(cfg, env)
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code != EXIT_OK and dist.is_initialized():
+        # A peer is gone: tearing the process group down can block; leave without it.
+        os._exit(code)
+    sys.exit(code)
