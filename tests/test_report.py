@@ -98,7 +98,8 @@ def make_run(root: Path, run_id: str = "run-synth", summary: bool = True) -> Pat
             "final_val_loss": 1.71, "wall_s": t + 1 - T0, "world_size_timeline": timeline, "restarts": 2,
             "faults": [
                 {"mode": "kill", "node": "laptop-c", "rank": 2, "injected_at": kill_time, "detected_s": 6.2,
-                 "recovered_s": 17.9, "steps_lost": 0, "world_size_before": 3, "world_size_after": 2},
+                 "recovered_s": 17.9, "steps_lost": 0, "world_size_before": 3, "world_size_after": 2,
+                 "outcome": "recovered", "notes": ["emergency checkpoint at step 79"]},
                 {"mode": "rejoin", "node": "laptop-c", "rank": None, "injected_at": rejoin_time,
                  "detected_s": 3.1, "recovered_s": 12.0, "steps_lost": 0, "world_size_before": 2,
                  "world_size_after": 3},
@@ -148,7 +149,7 @@ def test_report_of_a_run_with_faults(tmp_path, capsys):
     text = re.sub(r"<[^>]+>", " ", page)
     text = re.sub(r"\s+", " ", text)
     # recoveries table from summary.json
-    assert "kill laptop-c 2" in text and "6.2 s 17.9 s 0 3 → 2" in text
+    assert "kill laptop-c 2" in text and "6.2 s 17.9 s 0 3 → 2 recovered; emergency checkpoint" in text
     assert "rejoin laptop-c" in text and "2 → 3" in text
     # straggler findings name the node
     assert "straggler laptop-b (rank 1)" in text and "steps 30-59" in text

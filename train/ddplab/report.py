@@ -176,18 +176,30 @@ class Fault:
     steps_lost: Any = None
     world_size_before: Any = None
     world_size_after: Any = None
+    outcome: str = ""
+
+
+def _outcome(f: dict[str, Any]) -> str:
+    parts = [str(f["outcome"])] if f.get("outcome") else []
+    if f.get("cause"):
+        parts.append(f"cause: {f['cause']}")
+    notes = f.get("notes")
+    if isinstance(notes, list):
+        parts += [str(n) for n in notes]
+    return "; ".join(parts)
 
 
 def faults(run: Run) -> list[Fault]:
-    """summary.json faults when present, else the events.jsonl entries that carry a ``mode``."""
+    """summary.json faults (as measured by ddplab.faults) when present, else events.jsonl ``kind: fault``."""
     src = run.summary.get("faults")
     if isinstance(src, list) and src:
         return [Fault(str(f.get("mode", "?")), str(f.get("node", "?")), f.get("rank"),
                       _num(f.get("injected_at")), _num(f.get("detected_s")), _num(f.get("recovered_s")),
-                      f.get("steps_lost"), f.get("world_size_before"), f.get("world_size_after"))
+                      f.get("steps_lost"), f.get("world_size_before"), f.get("world_size_after"), _outcome(f))
                 for f in src if isinstance(f, dict)]
-    return [Fault(str(e.get("mode")), str(e.get("node", "?")), e.get("rank"), _num(e.get("time")))
-            for e in run.events if e.get("mode")]
+    return [Fault(str(e.get("mode")), str(e.get("node", "?")), e.get("rank"), _num(e.get("time")),
+                  outcome="not measured (no summary.json faults)")
+            for e in run.events if e.get("kind") == "fault"]
 
 
 def step_at(run: Run, t: float | None) -> int | None:
@@ -590,7 +602,7 @@ def build_report(run_dir: str | Path, margin: float = straggler.DEFAULT_MARGIN,
             "mode": f.mode, "node": f.node, "rank": "—" if f.rank is None else f.rank,
             "injected": _fmt_clock(f.time, t0), "step": step_at(run, f.time) if f.time else "—",
             "detected": _fmt_s(f.detected_s), "recovered": _fmt_s(f.recovered_s),
-            "steps_lost": "—" if f.steps_lost is None else f.steps_lost, "ws": ws,
+            "steps_lost": "—" if f.steps_lost is None else f.steps_lost, "ws": ws, "outcome": f.outcome,
         })
     status, status_class = "finished", "ok"
     if not steps:
