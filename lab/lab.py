@@ -55,8 +55,10 @@ INVENTORY_FILE = REPO / "inventory" / "lab" / "hosts.yml"
 
 SUITE = "bookworm"
 MIRROR = os.environ.get("DDP_LAB_MIRROR", "http://deb.debian.org/debian")
-BASE_IMAGE = f"localhost/ddp-lab-base:{SUITE}"
-NODE_IMAGE = f"localhost/ddp-lab-node:{SUITE}"
+# The molecule scenarios name this image; override the tag only to build a second copy aside.
+TAG = os.environ.get("DDP_LAB_IMAGE_TAG", SUITE)
+BASE_IMAGE = f"localhost/ddp-lab-base:{TAG}"
+NODE_IMAGE = f"localhost/ddp-lab-node:{TAG}"
 NETWORK = "ddp-lab"
 NODES = ("laptop-a", "laptop-b", "laptop-c")
 LABEL = "ddp-lab.lab"
@@ -74,6 +76,14 @@ class LabError(Exception):
 
 def log(msg: str) -> None:
     print(f"lab: {msg}", flush=True)
+
+
+def rel(path: Path) -> str:
+    """``path`` relative to the repository when inside it, for messages."""
+    try:
+        return str(path.relative_to(REPO))
+    except ValueError:
+        return str(path)
 
 
 # --------------------------------------------------------------------------- podman plumbing
@@ -270,7 +280,8 @@ def detect_runtime(image: str) -> Path:
                 f"{k}={v}:{v}" for k, v in ulimits.items()
             ]
         elif overrides.get("engine", {}).get("runtime") != "runc" and shutil.which("runc"):
-            why = "crun cannot run on cgroups v1/hybrid hosts" if "hybrid" in low else err.splitlines()[-1]
+            last = (err.splitlines() or ["no error text"])[-1]
+            why = "crun cannot run on cgroups v1/hybrid hosts" if "hybrid" in low else last
             notes.append(f"runtime = runc ({why})")
             overrides.setdefault("engine", {})["runtime"] = "runc"
         else:
@@ -313,7 +324,7 @@ def base_tarball() -> Path:
         partial = Path(tmp) / "rootfs.tar"
         subprocess.run(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(partial), "."], check=True)
         partial.replace(tarball)
-    log(f"debootstrap done in {time.monotonic() - t0:.0f} s -> {tarball.relative_to(REPO)}")
+    log(f"debootstrap done in {time.monotonic() - t0:.0f} s -> {rel(tarball)}")
     return tarball
 
 
@@ -523,12 +534,12 @@ def cmd_up(_args: argparse.Namespace | None = None) -> None:
     gateway = network_gateway()
     check_gateway_reachable(gateway, NODES[0])
     if write_if_changed(INVENTORY_FILE, render_inventory(gateway)):
-        changed.append(f"{INVENTORY_FILE.relative_to(REPO)} written")
+        changed.append(f"{rel(INVENTORY_FILE)} written")
     summary = ", ".join(f"{n} ({s})" for n, s in states.items())
     log(f"{'; '.join(changed) if changed else 'nothing changed'}")
     log(
         f"lab is up in {time.monotonic() - t0:.0f} s: {summary}; rendezvous_address {gateway} "
-        f"(reachable from {NODES[0]}); inventory {INVENTORY_FILE.relative_to(REPO)}"
+        f"(reachable from {NODES[0]}); inventory {rel(INVENTORY_FILE)}"
     )
 
 
@@ -548,7 +559,7 @@ def cmd_down(_args: argparse.Namespace | None = None) -> None:
         changed.append(f"network {NETWORK} removed")
     if INVENTORY_FILE.exists():
         INVENTORY_FILE.unlink()
-        changed.append(f"{INVENTORY_FILE.relative_to(REPO)} removed")
+        changed.append(f"{rel(INVENTORY_FILE)} removed")
     log(("; ".join(changed) if changed else "nothing to remove") + "; the lab is down")
 
 

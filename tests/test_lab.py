@@ -1,0 +1,132 @@
+"""lab/lab.py: containers.conf writing, runtime detection logic, recipe hash, generated inventory.
+
+The podman calls are replaced by a fake runtime with this machine's failure modes (crun on a
+cgroups-v1 host, rlimits above what the runtime may set); `make lab-up` and the molecule scenarios
+exercise the real thing.
+"""
+
+import importlib.util
+import resource
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+LAB_PY = Path(__file__).resolve().parents[1] / "lab" / "lab.py"
+
+
+@pytest.fixture
+def lab(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("ddp_lab_lab", LAB_PY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "STATE_DIR", tmp_path / "state")
+    monkeypatch.setattr(module, "CONTAINERS_CONF", tmp_path / "state" / "containers.conf")
+    monkeypatch.setattr(module, "_system_conf_files", lambda: [])
+    return module
+
+
+def test_dump_toml_round_trips_containers_conf_shapes(lab):
+    data = {
+        "containers": {"default_ulimits": ["nofile=20000:20000", "nproc=32768:32768"], "init": False,
+                       "log_size_max": -1, "tz": 'say "local"'},
+        "engine": {"runtime": "runc", "runtimes": {"runc": ["/usr/bin/runc"], "crun": []},
+                   "service_destinations": {"my host": {"uri": "ssh://x"}}},
+        "network": {},
+    }
+    assert tomllib.loads(lab.dump_toml(data)) == data
+
+
+def test_lower_walks_down_powers_of_two(lab):
+    seq = [96364]
+    while seq[-1] > 1024:
+        seq.append(lab._lower(seq[-1]))
+    assert seq[:4] == [96364, 65536, 32768, 16384]
+    assert lab._lower(1048576) == 524288
+
+
+class FakeRuntime:
+    """`podman run` as on the ddp-lab build machine: crun fails, rlimits above the caps fail."""
+
+    def __init__(self, conf: Path, caps: dict[str, int], crun_default: bool):
+        self.conf, self.caps, self.crun_default, self.calls = conf, caps, crun_default, 0
+
+    def __call__(self, image: str) -> tuple[bool, str]:
+        self.calls += 1
+        settings = tomllib.loads(self.conf.read_text()) if self.conf.is_file() else {}
+        runtime = settings.get("engine", {}).get("runtime", "crun" if self.crun_default else "runc")
+        if runtime == "crun":
+            return False, "Error: crun: cgroups in hybrid mode not supported: OCI runtime error"
+        limits = {"nofile": 1048576, "nproc": 4194304}
+        for item in settings.get("containers", {}).get("default_ulimits", []):
+            key, value = item.split("=")
+            limits[key] = int(value.split(":")[0])
+        if limits["nofile"] > self.caps["nofile"]:
+            return False, "error setting rlimit type 7: operation not permitted: OCI permission denied"
+        if limits["nproc"] > self.caps["nproc"]:
+            return False, "error setting rlimit type 6: operation not permitted: OCI permission denied"
+        return True, ""
+
+
+def _hard(which: int, ceiling: int) -> int:
+    return min({resource.RLIMIT_NOFILE: 20000, resource.RLIMIT_NPROC: 96364}[which], ceiling)
+
+
+def test_detect_runtime_switches_to_runc_and_caps_rlimits(lab, monkeypatch):
+    fake = FakeRuntime(lab.CONTAINERS_CONF, {"nofile": 20000, "nproc": 32768}, crun_default=True)
+    monkeypatch.setattr(lab, "_probe", fake)
+    monkeypatch.setattr(lab, "_hard_limit", _hard)
+    monkeypatch.setattr(lab.shutil, "which", lambda name: f"/usr/bin/{name}")
+    path = lab.detect_runtime("img")
+    settings = tomllib.loads(path.read_text())
+    assert settings["engine"]["runtime"] == "runc"
+    assert settings["containers"]["default_ulimits"] == ["nofile=20000:20000", "nproc=32768:32768"]
+    text = path.read_text()
+    assert "runtime = runc (crun cannot run on cgroups v1/hybrid hosts)" in text
+    # A second call trusts the file once the probe passes with it: one probe, nothing rewritten.
+    fake.calls = 0
+    before = path.stat().st_mtime_ns
+    lab.detect_runtime("img")
+    assert fake.calls == 1 and path.stat().st_mtime_ns == before
+
+
+def test_detect_runtime_needs_nothing_on_a_permissive_host(lab, monkeypatch):
+    fake = FakeRuntime(lab.CONTAINERS_CONF, {"nofile": 10**7, "nproc": 10**7}, crun_default=False)
+    monkeypatch.setattr(lab, "_probe", fake)
+    settings = tomllib.loads(lab.detect_runtime("img").read_text())
+    assert "runtime" not in settings.get("engine", {})
+    assert "default_ulimits" not in settings.get("containers", {})
+    assert "nothing: podman's defaults work here" in lab.CONTAINERS_CONF.read_text()
+
+
+def test_detect_runtime_reports_an_unknown_failure(lab, monkeypatch):
+    monkeypatch.setattr(lab, "_probe", lambda image: (False, "Error: no space left on device"))
+    monkeypatch.setattr(lab.shutil, "which", lambda name: None)
+    with pytest.raises(lab.LabError, match="no space left on device"):
+        lab.detect_runtime("img")
+
+
+def test_recipe_hash_follows_the_recipe_files(lab, tmp_path, monkeypatch):
+    recipe = tmp_path / "image"
+    recipe.mkdir()
+    (recipe / "Containerfile").write_text("FROM x\n")
+    monkeypatch.setattr(lab, "RECIPE_DIR", recipe)
+    first = lab.recipe_hash()
+    assert lab.recipe_hash() == first
+    (recipe / "Containerfile").write_text("FROM x\nRUN true\n")
+    assert lab.recipe_hash() != first
+
+
+def test_inventory_matches_the_contract(lab, monkeypatch):
+    monkeypatch.setenv("DDP_LAB_CONTROLLER_PYTHON", "/opt/ctl/.venv/bin/python")
+    inv = yaml.safe_load(lab.render_inventory("10.89.0.1"))["all"]["children"]
+    trainers = inv["trainers"]
+    assert list(trainers["hosts"]) == ["laptop-a", "laptop-b", "laptop-c"]
+    assert trainers["vars"] == {"ansible_connection": "containers.podman.podman",
+                                "ansible_python_interpreter": "/usr/bin/python3"}
+    assert inv["rendezvous"]["hosts"] == {"controller": {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": "/opt/ctl/.venv/bin/python",
+        "rendezvous_address": "10.89.0.1",
+    }}
