@@ -89,23 +89,28 @@ def rel(path: Path) -> str:
 # --------------------------------------------------------------------------- podman plumbing
 
 
-def podman_env() -> dict[str, str]:
-    """Environment for podman: the project's containers.conf once it exists."""
+def podman_env(conf: Path | None = None) -> dict[str, str]:
+    """Environment for podman: ``conf``, else the project's containers.conf once it exists."""
     env = dict(os.environ)
-    if CONTAINERS_CONF.is_file():
-        env["CONTAINERS_CONF"] = str(CONTAINERS_CONF)
+    conf = conf or (CONTAINERS_CONF if CONTAINERS_CONF.is_file() else None)
+    if conf is not None:
+        env["CONTAINERS_CONF"] = str(conf)
     return env
 
 
 def podman(
-    *args: str, check: bool = True, capture: bool = True, timeout: float | None = 600
+    *args: str,
+    check: bool = True,
+    capture: bool = True,
+    timeout: float | None = 600,
+    conf: Path | None = None,
 ) -> subprocess.CompletedProcess:
     """Run ``podman ARGS``; raise LabError with podman's stderr when ``check`` and it fails."""
     if shutil.which("podman") is None:
         raise LabError("podman is not installed: run `make deps` (or lab/host-deps.sh as root)")
     proc = subprocess.run(
         ["podman", *args],
-        env=podman_env(),
+        env=podman_env(conf),
         capture_output=capture,
         timeout=timeout,
         check=False,
@@ -188,8 +193,26 @@ def dump_toml(data: dict, prefix: tuple[str, ...] = ()) -> str:
     return text
 
 
-def write_containers_conf(overrides: dict, notes: list[str]) -> bool:
-    """Write lab/.state/containers.conf = host settings + overrides. Returns True when it changed."""
+def atomic_write(path: Path, text: str) -> bool:
+    """Replace ``path`` with ``text`` atomically (temp file + rename). False when already equal."""
+    if path.is_file() and path.read_text() == text:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return True
+
+
+def render_containers_conf(overrides: dict, notes: list[str]) -> str:
+    """containers.conf text = the host's own settings + ``overrides``, ``notes`` as comments."""
     settings: dict = {}
     for path in _system_conf_files():
         if tomllib is None:
@@ -204,15 +227,7 @@ def write_containers_conf(overrides: dict, notes: list[str]) -> bool:
         "# containers.conf settings plus what this host needs for the lab:",
         *(f"#   {n}" for n in notes or ["nothing: podman's defaults work here"]),
     ]
-    text = "\n".join(header) + "\n" + dump_toml(settings)
-    old = CONTAINERS_CONF.read_text() if CONTAINERS_CONF.is_file() else None
-    if old == text:
-        return False
-    STATE_DIR.mkdir(parents=True, exist_ok=True)
-    tmp = CONTAINERS_CONF.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(CONTAINERS_CONF)
-    return True
+    return "\n".join(header) + "\n" + dump_toml(settings)
 
 
 def _hard_limit(which: int, ceiling: int) -> int:
@@ -225,9 +240,20 @@ def _lower(value: int) -> int:
     return 1 << ((value - 1).bit_length() - 1)
 
 
-def _probe(image: str) -> tuple[bool, str]:
+def _probe(image: str, conf: Path) -> tuple[bool, str]:
+    """Start and remove a container from ``image`` with podman reading only ``conf``."""
     proc = podman(
-        "run", "--rm", "--network", "none", "--pull", "never", image, "true", check=False, timeout=120
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--pull",
+        "never",
+        image,
+        "true",
+        check=False,
+        timeout=120,
+        conf=conf,
     )
     return proc.returncode == 0, proc.stderr.decode(errors="replace").strip()
 
@@ -240,14 +266,25 @@ def detect_runtime(image: str) -> Path:
     ``default_ulimits`` at the hard limit of this process, then at lower powers of two, until
     the runtime accepts them. Raises LabError naming the podman error when nothing works.
     """
-    if CONTAINERS_CONF.is_file() and _probe(image)[0]:
+    if CONTAINERS_CONF.is_file() and _probe(image, CONTAINERS_CONF)[0]:
         return CONTAINERS_CONF  # the earlier result still works (delete the file to detect afresh)
+    # Candidates go to a private file: a podman user of the published file never sees a bad one.
+    candidate = STATE_DIR / f".containers.conf.probe-{os.getpid()}"
+    try:
+        return _detect(image, candidate)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            candidate.unlink()
+
+
+def _detect(image: str, candidate: Path) -> Path:
     overrides: dict = {}
     notes: list[str] = []
-    write_containers_conf(overrides, notes)
     ulimits: dict[str, int] | None = None
+    err = ""
     for _ in range(40):
-        ok, err = _probe(image)
+        atomic_write(candidate, render_containers_conf(overrides, notes))
+        ok, err = _probe(image, candidate)
         if ok:
             if ulimits:
                 notes.append(
@@ -255,7 +292,7 @@ def detect_runtime(image: str) -> Path:
                     + ", ".join(f"{k}={v}" for k, v in ulimits.items())
                     + " (the runtime may not set podman's defaults here)"
                 )
-                write_containers_conf(overrides, notes)
+            atomic_write(CONTAINERS_CONF, render_containers_conf(overrides, notes))
             return CONTAINERS_CONF
         low = err.lower()
         rlimit_err = "rlimit" in low
@@ -286,7 +323,6 @@ def detect_runtime(image: str) -> Path:
             overrides.setdefault("engine", {})["runtime"] = "runc"
         else:
             raise LabError(f"podman cannot start a container on this host: {err}")
-        write_containers_conf(overrides, notes)
     raise LabError(f"container-runtime detection did not converge; last podman error: {err}")
 
 
@@ -480,15 +516,6 @@ all:
 """
 
 
-def write_if_changed(path: Path, text: str) -> bool:
-    if path.is_file() and path.read_text() == text:
-        return False
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-    return True
-
-
 def cmd_up(_args: argparse.Namespace | None = None) -> None:
     t0 = time.monotonic()
     cmd_image()
@@ -533,7 +560,7 @@ def cmd_up(_args: argparse.Namespace | None = None) -> None:
     states = {name: wait_for_systemd(name) for name in NODES}
     gateway = network_gateway()
     check_gateway_reachable(gateway, NODES[0])
-    if write_if_changed(INVENTORY_FILE, render_inventory(gateway)):
+    if atomic_write(INVENTORY_FILE, render_inventory(gateway)):
         changed.append(f"{rel(INVENTORY_FILE)} written")
     summary = ", ".join(f"{n} ({s})" for n, s in states.items())
     log(f"{'; '.join(changed) if changed else 'nothing changed'}")

@@ -49,12 +49,12 @@ def test_lower_walks_down_powers_of_two(lab):
 class FakeRuntime:
     """`podman run` as on the ddp-lab build machine: crun fails, rlimits above the caps fail."""
 
-    def __init__(self, conf: Path, caps: dict[str, int], crun_default: bool):
-        self.conf, self.caps, self.crun_default, self.calls = conf, caps, crun_default, 0
+    def __init__(self, caps: dict[str, int], crun_default: bool):
+        self.caps, self.crun_default, self.calls = caps, crun_default, 0
 
-    def __call__(self, image: str) -> tuple[bool, str]:
+    def __call__(self, image: str, conf: Path) -> tuple[bool, str]:
         self.calls += 1
-        settings = tomllib.loads(self.conf.read_text()) if self.conf.is_file() else {}
+        settings = tomllib.loads(conf.read_text())
         runtime = settings.get("engine", {}).get("runtime", "crun" if self.crun_default else "runc")
         if runtime == "crun":
             return False, "Error: crun: cgroups in hybrid mode not supported: OCI runtime error"
@@ -74,7 +74,7 @@ def _hard(which: int, ceiling: int) -> int:
 
 
 def test_detect_runtime_switches_to_runc_and_caps_rlimits(lab, monkeypatch):
-    fake = FakeRuntime(lab.CONTAINERS_CONF, {"nofile": 20000, "nproc": 32768}, crun_default=True)
+    fake = FakeRuntime({"nofile": 20000, "nproc": 32768}, crun_default=True)
     monkeypatch.setattr(lab, "_probe", fake)
     monkeypatch.setattr(lab, "_hard_limit", _hard)
     monkeypatch.setattr(lab.shutil, "which", lambda name: f"/usr/bin/{name}")
@@ -89,10 +89,11 @@ def test_detect_runtime_switches_to_runc_and_caps_rlimits(lab, monkeypatch):
     before = path.stat().st_mtime_ns
     lab.detect_runtime("img")
     assert fake.calls == 1 and path.stat().st_mtime_ns == before
+    assert sorted(p.name for p in path.parent.iterdir()) == ["containers.conf"]  # no probe files left
 
 
 def test_detect_runtime_needs_nothing_on_a_permissive_host(lab, monkeypatch):
-    fake = FakeRuntime(lab.CONTAINERS_CONF, {"nofile": 10**7, "nproc": 10**7}, crun_default=False)
+    fake = FakeRuntime({"nofile": 10**7, "nproc": 10**7}, crun_default=False)
     monkeypatch.setattr(lab, "_probe", fake)
     settings = tomllib.loads(lab.detect_runtime("img").read_text())
     assert "runtime" not in settings.get("engine", {})
@@ -101,10 +102,11 @@ def test_detect_runtime_needs_nothing_on_a_permissive_host(lab, monkeypatch):
 
 
 def test_detect_runtime_reports_an_unknown_failure(lab, monkeypatch):
-    monkeypatch.setattr(lab, "_probe", lambda image: (False, "Error: no space left on device"))
+    monkeypatch.setattr(lab, "_probe", lambda image, conf: (False, "Error: no space left on device"))
     monkeypatch.setattr(lab.shutil, "which", lambda name: None)
     with pytest.raises(lab.LabError, match="no space left on device"):
         lab.detect_runtime("img")
+    assert not lab.CONTAINERS_CONF.exists()  # nothing published when nothing works
 
 
 def test_recipe_hash_follows_the_recipe_files(lab, tmp_path, monkeypatch):
