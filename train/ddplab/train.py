@@ -162,6 +162,12 @@ class Trainer:
         cfg, env = self.cfg, self.env
         self.store.check(create=True)
         torch.set_num_threads(self.threads())
+        if (env.rank == 0 and env.distributed and os.environ.get("TORCHELASTIC_RUN_ID")
+                and os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") != "1"):
+            print("[ddplab] warning: TORCH_DISABLE_SHARE_RDZV_TCP_STORE is not 1: with torch's shared "
+                  "bootstrap store a restarted worker group can read the previous round's gloo "
+                  "addresses and fail to connect; set it in torchrun's environment",
+                  file=sys.stderr, flush=True)
         init_process_group(env, cfg.pg_timeout_s)
         self.metrics = MetricsWriter(self.out / "metrics", env.host, env.rank, env.local_rank,
                                      env.world_size, env.restart_count)
@@ -212,6 +218,7 @@ class Trainer:
         if env.distributed:
             self.ddp = DDP(self.model)
             self.ddp.register_comm_hook(self.comm, TimedAllReduce.hook)
+            self._settle_buckets()
 
         self.train_sampler = WindowSampler(len(self.data.train), cfg.block_size, cfg.seed, STREAM_TRAIN)
         self.eval_samplers = {
@@ -236,6 +243,22 @@ class Trainer:
                   f"{env.world_size} x {self.plan.per_rank_batch_size} x {self.plan.grad_accum_steps}, "
                   f"lr x{self.plan.lr_scale:.3g}, {self.model.num_params():,} params, "
                   f"{torch.get_num_threads()} threads", flush=True)
+
+    def _settle_buckets(self) -> None:
+        """One throw-away forward/backward so that DDP builds its final gradient buckets now.
+
+        DDP first buckets the gradients in reverse parameter order and rebuilds the buckets in
+        gradient-ready order after the first backward. The position of a value in a bucket decides
+        the order in which the ring all-reduce adds the ranks' contributions, so without this pass
+        the first step after every (re)start would round differently from the same step of an
+        uninterrupted run. With it, every optimizer step uses the same layout and a resumed run is
+        bit-identical to an uninterrupted one at the same world size. The gradients are discarded.
+        """
+        x = torch.zeros(1, self.cfg.block_size, dtype=torch.long)
+        _, loss = self.ddp(x, x)
+        loss.backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.comm.reset()
 
     def _check_compatible(self, state: dict[str, Any]) -> None:
         saved = state.get("config", {})
@@ -278,8 +301,14 @@ class Trainer:
             self.metrics.sync()
 
     # --- training -----------------------------------------------------------------------------
-    def train_step(self) -> tuple[float, float, float]:
-        """One optimizer step; returns (local mean loss, step seconds, all-reduce seconds)."""
+    def train_step(self) -> None:
+        """One optimizer step, and its metrics record when it is a logging step.
+
+        Every collective of the step (gradient all-reduce, and on logging steps the all-reduce of
+        the loss) runs *before* the optimizer update; the update, the counters and the record are
+        one critical section. So a failure either leaves the previous step whole, or comes after
+        this step is complete and logged: the step a survivor saves is always the last one logged.
+        """
         cfg, env, plan = self.cfg, self.env, self.plan
         t0 = time.perf_counter()
         lr = lr_at(self.step, cfg.base_lr, plan.lr_scale, cfg.warmup_steps, cfg.max_steps,
@@ -301,17 +330,47 @@ class Trainer:
                 _, loss = self.ddp(x, y)
                 (loss / plan.grad_accum_steps).backward()  # all-reduce happens in the last backward
             loss_sum += loss.item()
-        # Reaching this line means every all-reduce of this step succeeded.
+        # Reaching this line means every gradient all-reduce of this step succeeded.
+        local_loss = loss_sum / plan.grad_accum_steps
+        step = self.step + 1
+        log_now = step % cfg.log_interval == 0 or step == cfg.max_steps
+        allreduce_s = self.comm.seconds
+        if log_now:
+            mean_loss = local_loss
+            if env.distributed:
+                t_loss = time.perf_counter()
+                mean_loss = all_reduce_scalar(local_loss, "sum") / env.world_size
+                allreduce_s += time.perf_counter() - t_loss
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
         with self.guard.critical():
             self.consistent = False
             self.optimizer.step()
-            self.step += 1
+            self.step = step
             self.samples_seen += plan.global_batch_size
             self.consistent = True
-        self.lr = lr
-        return loss_sum / plan.grad_accum_steps, time.perf_counter() - t0, self.comm.seconds
+            step_s = time.perf_counter() - t0
+            self.session_tokens += plan.global_batch_size * cfg.block_size
+            if log_now:
+                self.log_step(mean_loss, local_loss, lr, step_s, allreduce_s)
+
+    def log_step(self, mean_loss: float, local_loss: float, lr: float, step_s: float,
+                 allreduce_s: float) -> None:
+        cfg, env, plan = self.cfg, self.env, self.plan
+        tokens_per_s = plan.global_batch_size * cfg.block_size / step_s
+        self.last_train_loss = mean_loss
+        self.metrics.write(
+            "step", step=self.step, loss=round(mean_loss, 6), local_loss=round(local_loss, 6),
+            lr=lr, global_batch_size=plan.global_batch_size,
+            per_rank_batch_size=plan.per_rank_batch_size, grad_accum_steps=plan.grad_accum_steps,
+            samples_seen=self.samples_seen, step_time_s=round(step_s, 6),
+            compute_s=round(step_s - allreduce_s, 6), allreduce_s=round(allreduce_s, 6),
+            tokens_per_s=round(tokens_per_s, 1), cpu_mhz=telemetry.cpu_mhz(), temp_c=telemetry.temp_c(),
+        )
+        if env.rank == 0:
+            print(f"[ddplab] step {self.step}/{cfg.max_steps} loss {mean_loss:.4f} lr {lr:.2e} "
+                  f"ws {env.world_size} {tokens_per_s:,.0f} tok/s "
+                  f"(all-reduce {allreduce_s * 1e3:.1f} ms of {step_s * 1e3:.1f} ms)", flush=True)
 
     @torch.no_grad()
     def evaluate(self) -> tuple[float, float]:
@@ -348,29 +407,11 @@ class Trainer:
                   flush=True)
 
     def loop(self) -> None:
-        cfg, env, plan = self.cfg, self.env, self.plan
-        tokens_per_step = plan.global_batch_size * cfg.block_size
+        cfg, env = self.cfg, self.env
         loop_t0 = time.perf_counter()
         while self.step < cfg.max_steps:
-            loss, step_s, allreduce_s = self.train_step()
-            self.session_tokens += tokens_per_step
+            self.train_step()
             done = self.step == cfg.max_steps
-            if self.step % cfg.log_interval == 0 or done:
-                mean_loss = all_reduce_scalar(loss, "sum") / env.world_size
-                self.last_train_loss = mean_loss
-                self.metrics.write(
-                    "step", step=self.step, loss=round(mean_loss, 6), local_loss=round(loss, 6),
-                    lr=self.lr, global_batch_size=plan.global_batch_size,
-                    per_rank_batch_size=plan.per_rank_batch_size, grad_accum_steps=plan.grad_accum_steps,
-                    samples_seen=self.samples_seen, step_time_s=round(step_s, 6),
-                    compute_s=round(step_s - allreduce_s, 6), allreduce_s=round(allreduce_s, 6),
-                    tokens_per_s=round(tokens_per_step / step_s, 1),
-                    cpu_mhz=telemetry.cpu_mhz(), temp_c=telemetry.temp_c(),
-                )
-                if env.rank == 0:
-                    print(f"[ddplab] step {self.step}/{cfg.max_steps} loss {mean_loss:.4f} "
-                          f"lr {self.lr:.2e} ws {env.world_size} {tokens_per_step / step_s:,.0f} tok/s "
-                          f"(all-reduce {allreduce_s * 1e3:.1f} ms of {step_s * 1e3:.1f} ms)", flush=True)
             if self.step % cfg.eval_interval == 0 or done:
                 self.run_eval()
             if env.local_rank == 0 and (self.step % cfg.ckpt_interval == 0 or done):
@@ -483,6 +524,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg, check = parse_args(argv)
         env = DistEnv.from_environ()
+    except SystemExit as exc:  # argparse: --help, or an unknown flag (it printed the message)
+        return exc.code if isinstance(exc.code, int) else EXIT_BAD_INPUT
     except (ConfigError, ValueError) as exc:
         print(f"ddplab.train: error: {exc}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT

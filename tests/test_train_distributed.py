@@ -1,0 +1,153 @@
+"""Multi-process runs on one machine under ``torchrun --standalone`` (gloo over loopback).
+
+* three workers train; one is SIGKILLed mid-run; the restarted group (``--max-restarts 1``)
+  resumes with no step lost and ends with the parameters of an uninterrupted run;
+* a resume at another world size re-applies the batch policy (keep_per_rank rescales the LR,
+  keep_global switches gradient accumulation) and continues the global sample count.
+"""
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from conftest import REPO, read_metrics, run_torchrun, subprocess_env, tiny_args, torchrun_cmd
+from ddplab import train as train_mod
+from ddplab.checkpoint import CheckpointStore
+
+pytestmark = pytest.mark.slow
+
+
+def final_params(out_dir: Path) -> dict[str, torch.Tensor]:
+    store = CheckpointStore(out_dir / "checkpoints")
+    return store.load(store.steps()[-1])["model"]
+
+
+def max_diff(a: Path, b: Path) -> float:
+    pa, pb = final_params(a), final_params(b)
+    return max(float((pa[k] - pb[k]).abs().max()) for k in pa)
+
+
+def by_event(records, event):
+    return [r for r in records if r["event"] == event]
+
+
+def kill_rank_when(
+    proc: subprocess.Popen, out_dir: Path, rank: int, at_step: int, timeout: float = 180
+) -> int:
+    """SIGKILL the worker with RANK=``rank`` once rank 0 has logged ``at_step``; return its pid."""
+    metrics = out_dir / "metrics" / f"{os.uname().nodename}-local0.jsonl"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists():
+            steps = [int(line.split('"step":')[1].split(",")[0]) for line in metrics.read_text().splitlines()
+                     if '"event":"step"' in line]
+            if steps and max(steps) >= at_step:
+                for child in psutil.Process(proc.pid).children():
+                    if child.environ().get("RANK") == str(rank):
+                        child.send_signal(signal.SIGKILL)
+                        return child.pid
+        time.sleep(0.01)
+    raise AssertionError(f"rank 0 never reached step {at_step} (torchrun exit {proc.poll()})")
+
+
+def test_killed_worker_costs_no_step_and_resume_is_exact(tmp_path, data_path):
+    args = {"max_steps": 120, "warmup_steps": 10, "eval_interval": 1000, "ckpt_interval": 1000,
+            "sample_chars": 0}
+    ref, killed = tmp_path / "uninterrupted", tmp_path / "killed"
+
+    done = run_torchrun(3, tiny_args(ref, data_path, **args))
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    proc = subprocess.Popen(torchrun_cmd(3, tiny_args(killed, data_path, **args), max_restarts=1),
+                            env=subprocess_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        kill_rank_when(proc, killed, rank=2, at_step=30)
+        output, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, output[-3000:]
+
+    records = read_metrics(killed, local_rank=0)
+    starts = by_event(records, "start")
+    assert [(s["restart_count"], s["world_size"]) for s in starts] == [(0, 3), (1, 3)]
+    before = [r["step"] for r in records if r["event"] == "step" and r["restart_count"] == 0]
+    after = [r["step"] for r in records if r["event"] == "step" and r["restart_count"] == 1]
+    assert before[0] == 1 and before[-1] >= 30
+    # zero steps lost: the restarted group resumes from the last step completed before the kill
+    assert starts[1]["resumed_from_step"] == before[-1]
+    assert starts[1]["samples_seen"] == before[-1] * 12
+    assert before + after == list(range(1, 121))  # strictly consecutive, none lost, none repeated
+    # the survivors wrote the emergency checkpoint (no periodic one existed before the kill)
+    survivors = [read_metrics(killed, local_rank=r) for r in (0, 1)]
+    failures = [f for recs in survivors for f in by_event(recs, "failure")]
+    assert len(failures) == 2 and all(f["saved"] and f["step"] == before[-1] for f in failures)
+    assert any(c.get("reason") == "emergency" and c["step"] == before[-1]
+               for recs in survivors for c in by_event(recs, "checkpoint"))
+    # same parameters as the uninterrupted run
+    assert max_diff(ref, killed) <= 1e-6
+    ref_end, killed_end = by_event(read_metrics(ref), "end")[-1], by_event(records, "end")[-1]
+    assert killed_end["final_val_loss"] == pytest.approx(ref_end["final_val_loss"], abs=1e-5)
+
+
+def test_world_size_change_keep_per_rank_rescales_lr(tmp_path, data_path):
+    out = tmp_path / "run"
+    first = run_torchrun(3, tiny_args(out, data_path, max_steps=10, warmup_steps=2, sample_chars=0))
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_torchrun(2, tiny_args(out, data_path, max_steps=16, warmup_steps=2, sample_chars=0))
+    assert second.returncode == 0, second.stderr[-3000:]
+    records = read_metrics(out)
+    starts = by_event(records, "start")
+    assert [(s["world_size"], s["global_batch_size"]) for s in starts] == [(3, 12), (2, 8)]
+    assert starts[1]["resumed_from_step"] == 10 and starts[1]["samples_seen"] == 120
+    assert starts[0]["lr_scale"] == pytest.approx(1.0) and starts[1]["lr_scale"] == pytest.approx(8 / 12)
+    steps = by_event(records, "step")
+    assert [r["step"] for r in steps] == list(range(1, 17))
+    assert [r["samples_seen"] for r in steps[10:]] == [120 + 8 * k for k in range(1, 7)]
+    assert all(r["allreduce_s"] > 0 and r["compute_s"] > 0 for r in steps)
+    hist = CheckpointStore(out / "checkpoints").load(16)["world_size_history"]
+    assert [(h["world_size"], h["step"]) for h in hist] == [(3, 0), (2, 10)]
+
+
+def test_keep_global_same_trajectory_at_world_sizes_1_and_3(tmp_path, data_path, clean_env):
+    """keep_global with a global batch of 12: world size 1 (3 accumulated micro-batches) and
+    world size 3 read the same samples and take the same steps, up to float rounding; a run that
+    switches from 1 to 3 mid-way (accumulation 3 -> 1) stays on that trajectory."""
+    common = {"batch_policy": "keep_global", "global_batch_size": 12, "max_steps": 12, "warmup_steps": 2,
+              "eval_interval": 6, "ckpt_interval": 6, "sample_chars": 0}
+    alone, trio, mixed = tmp_path / "ws1", tmp_path / "ws3", tmp_path / "ws1to3"
+    assert train_mod.main(tiny_args(alone, data_path, **common)) == 0
+    res = run_torchrun(3, tiny_args(trio, data_path, **common))
+    assert res.returncode == 0, res.stderr[-3000:]
+
+    # mixed: world size 1 up to step 6 (stopped by SIGTERM-free means: a failure injected at 6)
+    real_step = train_mod.Trainer.train_step
+
+    def stop_at_6(self):
+        if self.step == 6:
+            raise RuntimeError("simulated node loss")
+        return real_step(self)
+
+    train_mod.Trainer.train_step = stop_at_6
+    try:
+        assert train_mod.main(tiny_args(mixed, data_path, **common)) == train_mod.EXIT_FAILED
+    finally:
+        train_mod.Trainer.train_step = real_step
+    res = run_torchrun(3, tiny_args(mixed, data_path, **common))
+    assert res.returncode == 0, res.stderr[-3000:]
+
+    starts = by_event(read_metrics(mixed), "start")
+    assert [(s["world_size"], s["per_rank_batch_size"], s["grad_accum_steps"], s["global_batch_size"])
+            for s in starts] == [(1, 4, 3, 12), (3, 4, 1, 12)]
+    assert starts[0]["lr_scale"] == starts[1]["lr_scale"] == 1.0
+    assert max_diff(alone, trio) < 1e-4
+    assert max_diff(alone, mixed) < 1e-4
+    val = [by_event(read_metrics(d), "val")[-1]["val_loss"] for d in (alone, trio, mixed)]
+    assert max(val) - min(val) < 1e-3
