@@ -362,3 +362,34 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert faults.main([str(d)]) == 2
     assert "unknown mode 'nap'" in capsys.readouterr().err
     assert faults.main([str(d), "--rank-of", "0"]) == 3
+
+
+def test_progress_phase_from_one_nodes_records(run):
+    run.start(ABC, T0 - 1)
+    run.steps(ABC, 1, 10, T0)
+    inj = faults.Injection(T0 + 9.5, "freeze", "laptop-c", duration_s=20)
+    recs = faults.load_metrics(run.dir)
+    m = faults.measure(inj, recs)
+    assert faults.progress_phase(m, T0 + 29.5, True, recs) == "waiting"
+    assert faults.progress_phase(m, T0 + 29.5, False, recs) == "ended"
+    run.steps(ABC, 11, 11, T0 + 15)                 # a step during the fault: not yet over
+    recs = faults.load_metrics(run.dir)
+    m = faults.measure(inj, recs)
+    assert m.outcome == "continued"
+    assert faults.progress_phase(m, T0 + 29.5, True, recs) == "waiting"
+    run.steps(ABC, 12, 12, T0 + 30)
+    recs = faults.load_metrics(run.dir)
+    assert faults.progress_phase(faults.measure(inj, recs), T0 + 29.5, True, recs) == "continued"
+    run.start(AB, T0 + 31, resumed_from_step=12, restart_count=1)
+    run.steps(AB, 13, 13, T0 + 32)
+    recs = faults.load_metrics(run.dir)
+    assert faults.progress_phase(faults.measure(inj, recs), T0 + 29.5, False, recs) == "recovered"
+
+
+def test_newest_per_worker_lists_ranks_world_size_and_step(run):
+    run.start(ABC, T0 - 1)
+    run.steps(ABC, 1, 4, T0)
+    run.rec("laptop-b", "failure", T0 + 5, 1, 3, step=4, error="x", saved=True)
+    ws = faults.newest_per_worker(faults.load_metrics(run.dir))
+    assert [(w["host"], w["rank"], w["event"], w["step"], w["world_size"]) for w in ws] == [
+        ("laptop-a", 0, "step", 4, 3), ("laptop-c", 2, "step", 4, 3), ("laptop-b", 1, "failure", 4, 3)]

@@ -379,21 +379,58 @@ def measure_all(events: Iterable[Record], records: Sequence[Record]) -> list[Fau
 
 
 def node_of_rank(records: Iterable[Record], rank: int) -> str | None:
-    """The host whose newest record (any event with a ``rank``) carries global rank ``rank``.
+    """The host whose newest record carries global rank ``rank``.
 
     Ranks can move between nodes after a restart, so only each worker's newest record counts;
     among those, the newest wins. None when no worker holds it now.
     """
+    holders = [w for w in newest_per_worker(records) if w["rank"] == rank]
+    return holders[-1]["host"] if holders else None
+
+
+def newest_per_worker(records: Iterable[Record]) -> list[dict[str, Any]]:
+    """The newest record of every worker (host, local_rank), oldest worker first: who holds which
+    rank now, at which world size and step. Fields: host, local_rank, time, event, rank,
+    world_size, restart_count, step (None when the record has none)."""
     newest: dict[WorkerKey, Record] = {}
     for r in records:
         t = _num(r.get("time"))
-        if t is None or not isinstance(r.get("host"), str) or _int(r.get("rank")) is None:
+        if t is None or not isinstance(r.get("host"), str):
             continue
         key = (r["host"], _int(r.get("local_rank")) or 0)
         if key not in newest or t >= newest[key]["time"]:
             newest[key] = r
-    holders = [r for r in newest.values() if _int(r.get("rank")) == rank]
-    return max(holders, key=lambda r: r["time"])["host"] if holders else None
+    out = [{"host": k[0], "local_rank": k[1], "time": r["time"], "event": r.get("event"),
+            "rank": _int(r.get("rank")), "world_size": _int(r.get("world_size")),
+            "restart_count": _int(r.get("restart_count")), "step": _int(r.get("step"))}
+           for k, r in newest.items()]
+    return sorted(out, key=lambda w: w["time"])
+
+
+PHASES = ("waiting", "recovered", "continued", "finished", "ended")
+
+
+def progress_phase(
+    m: FaultMeasure, settle: float | None, agent_active: bool, records: Iterable[Record]
+) -> str:
+    """Where the group stands after an injection, seen from one node: a play waits while it is
+    ``waiting``.
+
+    ``recovered``: a restarted group completed a step. ``finished``: the job wrote its ``end``
+    record. ``continued``: no restart, and a step completed after ``settle`` (the end of a fault
+    with a duration: the group rode it out). ``ended``: none of those and the node's agent is
+    no longer running (restarts ran out, or the job was stopped). ``m``: :func:`measure` of the
+    node's own records for the injection; ``records``: those records.
+    """
+    if m.outcome in ("recovered", "finished"):
+        return m.outcome
+    if m.outcome == "continued":
+        limit = settle if settle is not None else m.injected_at
+        if any(r.get("event") == "step" and (_num(r.get("time")) or 0.0) > limit for r in records):
+            return "continued"
+    if not agent_active:
+        return "ended"
+    return "waiting"
 
 
 # ----------------------------------------------------------------------------- output
