@@ -546,7 +546,8 @@ def main(argv: list[str] | None = None) -> int:
     return run(cfg, env)
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """Console-script entry: run :func:`main` and exit with its code."""
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -554,3 +555,7 @@ if __name__ == "__main__":
         # A peer is gone: tearing the process group down can block; leave without it.
         os._exit(code)
     sys.exit(code)
+
+
+if __name__ == "__main__":
+    cli()
