@@ -36,7 +36,7 @@ options:
   unit:
     description: The node's agent unit.
     type: str
-    default: ddp-lab-agent.service
+    default: ddp-lab-agent
   inventory_name:
     description: The node's inventory name, copied into every worker entry as C(node) (metrics
       records carry the machine's hostname, which can differ).
@@ -61,8 +61,16 @@ workers:
   type: list
   returned: always
 agent_state:
-  description: C(systemctl is-active) of the unit (active, inactive, failed, ...).
+  description: The unit's ActiveState (active, inactive, failed, ...).
   type: str
+  returned: always
+agent_substate:
+  description: Its SubState (running, exited, failed, dead, ...).
+  type: str
+  returned: always
+agent_running:
+  description: A process of the unit runs (active and not merely kept after exiting).
+  type: bool
   returned: always
 agent_pid:
   description: The unit's main process (the torchrun agent), 0 when it is not running.
@@ -114,15 +122,16 @@ def read_records(module: AnsibleModule, metrics_dir: str) -> tuple[list, int]:
     return records, skipped
 
 
-def agent(module: AnsibleModule, unit: str) -> tuple[str, int]:
-    """(ActiveState, MainPID) of the unit; ("unknown", 0) without systemd."""
+def agent(module: AnsibleModule, unit: str) -> tuple[str, str, int]:
+    """(ActiveState, SubState, MainPID) of the unit; ("unknown", "unknown", 0) without systemd."""
     systemctl = module.get_bin_path("systemctl")
     if not systemctl:
-        return "unknown", 0
-    rc, out, _err = module.run_command([systemctl, "show", "--property=ActiveState,MainPID", unit])
+        return "unknown", "unknown", 0
+    rc, out, _err = module.run_command([systemctl, "show", "--property=ActiveState,SubState,MainPID", unit])
     props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line) if rc == 0 else {}
     pid = props.get("MainPID", "0")
-    return props.get("ActiveState") or "unknown", int(pid) if pid.isdigit() else 0
+    return (props.get("ActiveState") or "unknown", props.get("SubState") or "unknown",
+            int(pid) if pid.isdigit() else 0)
 
 
 def main() -> None:
@@ -133,7 +142,7 @@ def main() -> None:
             "settle": {"type": "float"},
             "mode": {"type": "str", "default": "kill-agent"},
             "node": {"type": "str", "default": ""},
-            "unit": {"type": "str", "default": "ddp-lab-agent.service"},
+            "unit": {"type": "str", "default": "ddp-lab-agent"},
             "inventory_name": {"type": "str", "default": ""},
             "wait_s": {"type": "float", "default": 0.0},
             "poll_s": {"type": "float", "default": 1.0},
@@ -144,9 +153,12 @@ def main() -> None:
     t_start = time.monotonic()
     while True:
         records, skipped = read_records(module, p["metrics_dir"])
-        state, pid = agent(module, p["unit"])
+        state, sub, pid = agent(module, p["unit"])
+        # the unit may be kept after its process exits (systemd-run --remain-after-exit): running
+        # means a process is there
+        running = state in ("active", "activating", "reloading") and sub not in ("exited", "dead", "failed")
         result = {"changed": False, "records": len(records), "skipped_lines": skipped,
-                  "agent_state": state, "agent_pid": pid}
+                  "agent_state": state, "agent_substate": sub, "agent_running": running, "agent_pid": pid}
         workers = newest_per_worker(records)
         for w in workers:
             w["node"] = p["inventory_name"] or w["host"]
@@ -155,8 +167,7 @@ def main() -> None:
             break
         inj = Injection(time=p["since"], mode=p["mode"], node=p["node"] or "?")
         m = measure(inj, records)
-        active = state in ("active", "activating", "reloading")
-        result["phase"] = progress_phase(m, p["settle"], active, records)
+        result["phase"] = progress_phase(m, p["settle"], running, records)
         result["measure"] = m.to_dict()
         if result["phase"] != "waiting" or time.monotonic() - t_start >= p["wait_s"]:
             break
