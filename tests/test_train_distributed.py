@@ -7,7 +7,9 @@
 """
 
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -37,9 +39,10 @@ def by_event(records, event):
 
 
 def kill_rank_when(
-    proc: subprocess.Popen, out_dir: Path, rank: int, at_step: int, timeout: float = 180
+    proc: subprocess.Popen, out_dir: Path, rank: int, at_step: int, timeout: float = 180,
+    sig: int = signal.SIGKILL,
 ) -> int:
-    """SIGKILL the worker with RANK=``rank`` once rank 0 has logged ``at_step``; return its pid."""
+    """Signal (SIGKILL) the worker with RANK=``rank`` once rank 0 has logged ``at_step``."""
     metrics = out_dir / "metrics" / f"{os.uname().nodename}-local0.jsonl"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
@@ -49,7 +52,7 @@ def kill_rank_when(
             if steps and max(steps) >= at_step:
                 for child in psutil.Process(proc.pid).children():
                     if child.environ().get("RANK") == str(rank):
-                        child.send_signal(signal.SIGKILL)
+                        child.send_signal(sig)
                         return child.pid
         time.sleep(0.01)
     raise AssertionError(f"rank 0 never reached step {at_step} (torchrun exit {proc.poll()})")
@@ -151,3 +154,87 @@ def test_keep_global_same_trajectory_at_world_sizes_1_and_3(tmp_path, data_path,
     assert max_diff(alone, mixed) < 1e-4
     val = [by_event(read_metrics(d), "val")[-1]["val_loss"] for d in (alone, trio, mixed)]
     assert max(val) - min(val) < 1e-3
+
+
+def test_frozen_peer_then_sigterm_still_saves_last_step(tmp_path, data_path):
+    """A peer freezes (SIGSTOP: no TCP reset, the all-reduce just waits); the agent's SIGTERM must
+    still reach the waiting worker within seconds, long before the process-group timeout, so it
+    saves the last completed step before the agent's SIGKILL deadline."""
+    out = tmp_path / "run"
+    args = tiny_args(out, data_path, max_steps=100000, eval_interval=100000, ckpt_interval=100000,
+                     pg_timeout_s=300)
+    proc = subprocess.Popen(torchrun_cmd(2, args), env=subprocess_env(), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        kill_rank_when(proc, out, rank=1, at_step=10, sig=signal.SIGSTOP)
+        time.sleep(1.0)  # rank 0 is now blocked in the gradient all-reduce
+        rank0 = next(c for c in psutil.Process(proc.pid).children() if c.environ().get("RANK") == "0")
+        t_term = time.monotonic()
+        rank0.send_signal(signal.SIGTERM)
+        rank0.wait(timeout=20)
+        reaction = time.monotonic() - t_term
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert reaction < 10
+    records = read_metrics(out)
+    failure = records[-1]
+    assert failure["event"] == "failure" and failure["saved"] is True
+    assert "SIGTERM" in failure["error"]
+    last_logged = max(r["step"] for r in records if r["event"] == "step")
+    assert failure["step"] == last_logged
+    assert CheckpointStore(out / "checkpoints").load(last_logged)["step"] == last_logged
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_three_nodes(outs: list[Path], data_path: Path, **overrides) -> list[dict]:
+    """Three torchrun agents (one worker each, own out_dir = own "laptop" disk) joined by a c10d
+    rendezvous on loopback; returns each node's last start record."""
+    port = free_port()
+    procs = []
+    for i, out in enumerate(outs):
+        cmd = [torchrun_cmd(1, [])[0], "--nnodes=3", "--nproc-per-node=1", "--rdzv-backend=c10d",
+               f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=nodes-{port}",
+               f"--rdzv-conf=is_host={'true' if i == 0 else 'false'}", "--max-restarts=0",
+               "-m", "ddplab.train", *tiny_args(out, data_path, **overrides)]
+        procs.append(subprocess.Popen(cmd, env=subprocess_env(), cwd=REPO, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, start_new_session=True))
+    try:
+        outputs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    for p, text in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, text[-3000:]
+    return [by_event(read_metrics(out), "start")[-1] for out in outs]
+
+
+def test_nodes_agree_on_newest_valid_checkpoint_and_empty_node_catches_up(tmp_path, data_path):
+    """Node A's newest checkpoint is corrupt, node B's is fine, node C lost its disk: the group
+    resumes from B's step, B broadcasts it, A and C write their own copies."""
+    outs = [tmp_path / name for name in ("node-a", "node-b", "node-c")]
+    common = {"ckpt_interval": 5, "eval_interval": 5, "sample_chars": 0, "warmup_steps": 2}
+    run_three_nodes(outs, data_path, max_steps=10, **common)
+    for out in outs:
+        assert CheckpointStore(out / "checkpoints").steps() == [5, 10]
+    newest_a = outs[0] / "checkpoints" / "ckpt-00000010.pt"
+    newest_a.write_bytes(newest_a.read_bytes()[:-100])  # truncated: fails its sha256
+    shutil.rmtree(outs[2] / "checkpoints")
+
+    starts = run_three_nodes(outs, data_path, max_steps=20, **common)
+    assert all(s["resumed_from_step"] == 10 and s["samples_seen"] == 120 for s in starts)
+    assert {s["checkpoint_holder_rank"] for s in starts} == {starts[1]["rank"]}  # B sent the state
+    for out, caught_up in zip(outs, (True, False, True), strict=True):
+        reasons = [(c["step"], c.get("reason")) for c in by_event(read_metrics(out), "checkpoint")]
+        assert ((10, "catch-up") in reasons) is caught_up, (out.name, reasons)
+        assert CheckpointStore(out / "checkpoints").steps() == [15, 20]
+    finals = [final_params(out) for out in outs]
+    for other in finals[1:]:
+        assert all(torch.equal(finals[0][k], other[k]) for k in finals[0])

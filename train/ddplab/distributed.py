@@ -85,13 +85,31 @@ def destroy_process_group() -> None:
         dist.destroy_process_group()
 
 
+def wait(work: dist.Work) -> None:
+    """Wait for an async collective while staying responsive to signals.
+
+    ``Work.wait()`` blocks inside C++, where Python signal handlers cannot run: a worker stuck
+    on a frozen peer would ignore the agent's SIGTERM until the process-group timeout, and the
+    agent kills it (SIGKILL) after its own grace period, before it can save its last step.
+    Polling with short sleeps (50 us doubling to 1 ms) lets SIGTERM interrupt the wait.
+
+    Raises:
+        RuntimeError (DistBackendError): the collective failed or timed out (``pg_timeout_s``).
+    """
+    delay = 5e-5
+    while not work.is_completed():
+        time.sleep(delay)
+        delay = min(delay * 2, 1e-3)
+    work.wait()
+
+
 def all_reduce_scalar(value: float, op: str = "sum") -> float:
     """Reduce one number over all ranks (``sum``, ``max`` or ``min``); identity when alone."""
     if not dist.is_initialized():
         return value
     tensor = torch.tensor([value], dtype=torch.float64)
     ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
-    dist.all_reduce(tensor, op=ops[op])
+    wait(dist.all_reduce(tensor, op=ops[op], async_op=True))
     return float(tensor.item())
 
 
@@ -102,12 +120,12 @@ def broadcast_bytes(data: bytes | None, src: int) -> bytes:
         return data
     is_src = dist.get_rank() == src
     size = torch.tensor([len(data) if is_src and data is not None else 0], dtype=torch.int64)
-    dist.broadcast(size, src=src)
+    wait(dist.broadcast(size, src=src, async_op=True))
     if is_src:
         buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     else:
         buf = torch.empty(int(size.item()), dtype=torch.uint8)
-    dist.broadcast(buf, src=src)
+    wait(dist.broadcast(buf, src=src, async_op=True))
     return data if is_src else buf.numpy().tobytes()
 
 
@@ -148,7 +166,8 @@ class TimedAllReduce:
     completion before returning, so ``seconds`` is the wall time spent in all-reduce including
     waiting for the slowest rank to arrive. (Waiting inside the hook forgoes DDP's overlap of
     communication with the rest of backward; for the small models of this lab all gradients fit
-    in one or two buckets, so there is little to overlap.) An exception from the collective
+    in one or two buckets, so there is little to overlap.) The wait polls (see :func:`wait`), so
+    SIGTERM can interrupt it. An exception from the collective
     propagates out of ``backward()``, before the optimizer step, so the parameters stay those of
     the last completed step.
     """
@@ -168,7 +187,7 @@ class TimedAllReduce:
     def hook(state: "TimedAllReduce", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         t0 = time.perf_counter()
         buf = bucket.buffer()
-        dist.all_reduce(buf, group=state.group)
+        wait(dist.all_reduce(buf, group=state.group, async_op=True))
         buf.div_(state.world_size)
         state.seconds += time.perf_counter() - t0
         state.calls += 1

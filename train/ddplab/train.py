@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddplab import telemetry
-from ddplab.checkpoint import CheckpointError, CheckpointStore
+from ddplab.checkpoint import CheckpointError, CheckpointStore, deserialize
 from ddplab.config import MODEL_SHAPE_FIELDS, ConfigError, TrainConfig, parse_args
 from ddplab.data import (
     STREAM_TRAIN,
@@ -176,8 +176,6 @@ class Trainer:
             print(f"[rank {env.rank}] skipping checkpoint {path}: {why}", file=sys.stderr, flush=True)
         state = None
         if agreement.data is not None:
-            from ddplab.checkpoint import deserialize
-
             state = deserialize(agreement.data)
             self._check_compatible(state)
 
@@ -199,7 +197,11 @@ class Trainer:
             if env.local_rank == 0 and not agreement.local_has_it:
                 # this node rejoined without that checkpoint: keep a local copy right away
                 with self.guard.critical():
-                    self.store.save_bytes(self.step, agreement.data)
+                    saved = self.store.save_bytes(self.step, agreement.data)
+                if saved.written:
+                    self.metrics.write("checkpoint", step=saved.step, path=str(saved.path),
+                                       bytes=saved.bytes, seconds=round(saved.seconds, 4),
+                                       reason="catch-up")
         self.resumed_from = self.step if state is not None else None
 
         global_batch = cfg.global_batch_size or self.first_global_batch
@@ -263,13 +265,13 @@ class Trainer:
     def _check_compatible(self, state: dict[str, Any]) -> None:
         saved = state.get("config", {})
         diffs = [f"{k}: checkpoint {saved.get(k)!r}, config {getattr(self.cfg, k)!r}"
-                 for k in MODEL_SHAPE_FIELDS if saved.get(k) != getattr(self.cfg, k)]
+                 for k in (*MODEL_SHAPE_FIELDS, "seed") if saved.get(k) != getattr(self.cfg, k)]
         if state.get("vocab") != self.data.vocab.chars:
             diffs.append("vocabulary differs (another dataset)")
         if diffs:
             raise CheckpointError(
                 f"checkpoint of step {state.get('step')} in {self.store.dir} does not match this run ("
-                + "; ".join(diffs) + "): use the same model config and data, or another out_dir"
+                + "; ".join(diffs) + "): use the same model config, seed and data, or another out_dir"
             )
 
     # --- state --------------------------------------------------------------------------------
