@@ -172,25 +172,27 @@ def _is_real(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _field_types() -> dict[str, type]:
+def _field_types() -> tuple[dict[str, type], frozenset[str]]:
     hints = typing.get_type_hints(TrainConfig)
     out: dict[str, type] = {}
+    optional = set()
     for f in fields(TrainConfig):
         hint = hints[f.name]
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
             hint = args[0]
+            optional.add(f.name)
         out[f.name] = hint
-    return out
+    return out, frozenset(optional)
 
 
-FIELD_TYPES = _field_types()
+FIELD_TYPES, OPTIONAL_FIELDS = _field_types()
 
 
 def _coerce(key: str, value: Any) -> Any:
     """Convert a JSON/CLI value to the field's type; ``None``/"null"/"none" clears optional fields."""
     want = FIELD_TYPES[key]
-    if isinstance(value, str) and value.lower() in ("null", "none") and want is not str:
+    if isinstance(value, str) and value.lower() in ("null", "none") and key in OPTIONAL_FIELDS:
         return None
     if value is None:
         return None
