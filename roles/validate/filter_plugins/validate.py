@@ -16,8 +16,17 @@ def shared_values(values: dict) -> list[str]:
     return [f"{' and '.join(keys)} share {value}" for value, keys in seen.items() if len(keys) > 1]
 
 
+def connection_targets(hosts: list, hostvars) -> dict:
+    """``{host: machine}``: each host's ``ansible_host``, or its inventory name when unset."""
+    targets = {}
+    for host in hosts:
+        value = hostvars[host].get("ansible_host") if host in hostvars else None
+        targets[host] = value or host
+    return targets
+
+
 class FilterModule:
     """Ansible filter plugin entry point."""
 
     def filters(self) -> dict:
-        return {"shared_values": shared_values}
+        return {"shared_values": shared_values, "connection_targets": connection_targets}
