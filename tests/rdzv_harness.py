@@ -5,9 +5,10 @@ benchmark behind the figures in docs/rendezvous.md (how long it takes):
 
     .venv/bin/python tests/rdzv_harness.py --trials 3 --share both
 
-Each agent is ``python -m torch.distributed.run --nnodes 1:N --nproc-per-node 1 --rdzv-backend c10d
+Each agent is ``python -m ddplab.agent --nnodes 1:N --nproc-per-node 1 --rdzv-backend c10d
 --rdzv-endpoint 127.0.0.1:<port> --rdzv-conf is_host=false,...`` running tests/rdzv_toy_worker.py
-in a session of its own; the store is ``python -m ddplab.rdzv_store start``. A trial waits for
+in a session of its own (ddplab.agent = torchrun after a start barrier, as ddp-lab starts it);
+the store is ``python -m ddplab.rdzv_store start``. A trial waits for
 world size N, SIGKILLs the whole process tree of the agent whose worker holds rank 0 (a laptop
 that vanishes), and times until the survivors' workers step at world size N-1.
 Everything started is killed on exit (``ToyCluster.close``).
@@ -19,6 +20,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import statistics
@@ -28,6 +30,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import psutil
@@ -49,6 +52,9 @@ TUNED_CONF = {
 }
 # torch's defaults (dynamic_rendezvous.py / c10d_rendezvous_backend.py), for comparison.
 DEFAULT_CONF: dict[str, int] = {}
+
+
+GLOG_TIME = re.compile(r"^[IWEF]\d{4} (\d\d:\d\d:\d\d\.\d+) ")
 
 
 def free_port() -> int:
@@ -118,6 +124,12 @@ class ToyCluster:
                 GLOO_SOCKET_IFNAME="lo",
                 OMP_NUM_THREADS="1",
                 PYTHONUNBUFFERED="1",
+                LOGLEVEL="INFO",
+                PYTHONPATH=os.pathsep.join(
+                    p for p in (str(REPO / "train"), os.environ.get("PYTHONPATH")) if p
+                ),
+                DDPLAB_AGENT_BARRIER=self.run_id,
+                DDPLAB_AGENT_BARRIER_NODES=str(self.nnodes),
             )
             env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
             if self.share_disabled:
@@ -125,7 +137,7 @@ class ToyCluster:
             cmd = [
                 sys.executable,
                 "-m",
-                "torch.distributed.run",
+                "ddplab.agent",
                 "--nnodes",
                 f"1:{self.nnodes}",
                 "--nproc-per-node",
@@ -197,6 +209,21 @@ class ToyCluster:
         kill_tree(self.agents[i].pid)
         return t
 
+    def rdzv_complete_times(self, i: int, day: float) -> list[float]:
+        """Unix times of the agent's "Rendezvous complete" log lines (glog prefix, local time of
+        the day of ``day``)."""
+        path = self.workdir / f"agent{i}.out"
+        if not path.exists():
+            return []
+        base = datetime.fromtimestamp(day).date()
+        out = []
+        for line in path.read_text(errors="replace").splitlines():
+            m = GLOG_TIME.match(line)
+            if m and "Rendezvous complete" in line:
+                t = datetime.strptime(m.group(1), "%H:%M:%S.%f").time()
+                out.append(datetime.combine(base, t).timestamp())
+        return out
+
     def first_failure(self, agents: list[int], after: float) -> float | None:
         times = [
             r["time"]
@@ -230,10 +257,13 @@ def rank0_kill_trial(
 ) -> dict:
     """One trial: form world 3, SIGKILL the rank-0 agent, time the survivors' recovery.
 
-    Returns ``{formed_s, detected_s, recovered_s, steps_after, victim, leftover_pids}`` (seconds
-    after the start / the kill); ``recovered_s`` is None when the survivors did not step at world
-    size 2 within ``recover_timeout_s``; ``leftover_pids``: started processes still alive after
-    the cluster was closed (should be []).
+    Returns ``{formed_s, detected_s, rdzv_s, worker_start_s, recovered_s, load1, steps_after,
+    victim, leftover_pids}``: seconds after the start (formed) or the kill - the survivors' first
+    failure record (detected), the last survivor agent's "Rendezvous complete" (rdzv), the last
+    new worker's start record, i.e. after spawn, torch import and init_process_group
+    (worker_start), the first step at world size 2 of every survivor (recovered; None when not
+    within ``recover_timeout_s``); ``load1``: the host's 1-min load average at the kill;
+    ``leftover_pids``: started processes still alive after the cluster was closed (should be []).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -244,9 +274,17 @@ def rank0_kill_trial(
         time.sleep(2.0)  # a few steps at world size 3
         victim = c.rank0_agent()
         survivors = [i for i in range(3) if i != victim]
+        load1 = os.getloadavg()[0]
         t_kill = c.kill_agent(victim)
         back = c.wait_world(2, survivors, recover_timeout_s, after=t_kill)
         failed = c.first_failure(survivors, t_kill)
+        rdzv = [t for i in survivors for t in c.rdzv_complete_times(i, t_kill) if t > t_kill]
+        restarted = [
+            r["time"]
+            for i in survivors
+            for r in read_log(c.log_path(i))
+            if r.get("event") == "start" and r["time"] > t_kill
+        ]
         steps_after = 0
         if back is not None:
             time.sleep(1.5)
@@ -263,7 +301,10 @@ def rank0_kill_trial(
     return {
         "formed_s": round(formed - t0, 1),
         "detected_s": None if failed is None else round(failed - t_kill, 2),
+        "rdzv_s": round(max(rdzv) - t_kill, 2) if len(rdzv) >= len(survivors) else None,
+        "worker_start_s": round(max(restarted) - t_kill, 2) if restarted else None,
         "recovered_s": None if back is None else round(back - t_kill, 2),
+        "load1": round(load1, 1),
         "steps_after": steps_after,
         "victim": victim,
         "leftover_pids": leftovers,

@@ -82,3 +82,44 @@ def test_torch_defect_without_disable_share(tmp_path):
     r = h.rank0_kill_trial(tmp_path, h.TUNED_CONF, share_disabled=False, recover_timeout_s=40)
     assert r["recovered_s"] is None, r
     assert r["leftover_pids"] == [], "processes left behind"
+
+
+def test_agent_start_barrier(tmp_path):
+    """ddplab.agent's start barrier: agents of one launch leave together; a lone launch does not wait."""
+    import threading
+
+    from ddplab import agent
+
+    port = h.free_port()
+    sd = tmp_path / ".rdzv"
+    rs.start("127.0.0.1", port, sd, wait_s=60)
+    try:
+        endpoint = f"127.0.0.1:{port}"
+        results = {}
+
+        def arrive(i: int, delay: float) -> None:
+            time.sleep(delay)
+            results[i] = agent.barrier(endpoint, "launch-1", 3, timeout_s=30)
+
+        threads = [threading.Thread(target=arrive, args=(i, 0.5 * i)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert sorted(r[0] for r in results.values()) == [3, 3, 3]
+        assert results[0][1] >= 0.9  # the first waited for the last (1 s later)
+        alone, waited = agent.barrier(endpoint, "launch-2", 1, timeout_s=30)
+        assert alone == 1 and waited < 5
+        short, waited = agent.barrier(endpoint, "launch-3", 2, timeout_s=1.0)
+        assert short == 1 and 0.9 < waited < 10  # timed out: the caller starts anyway
+    finally:
+        rs.stop(port, sd)
+
+
+def test_agent_bad_barrier_setting(monkeypatch, capsys):
+    from ddplab import agent
+
+    monkeypatch.setenv("DDPLAB_AGENT_BARRIER", "x")
+    monkeypatch.setenv("DDPLAB_AGENT_BARRIER_NODES", "zero")
+    assert agent.main(["--nnodes", "1", "--rdzv-endpoint", "127.0.0.1:1", "script.py"]) == 2
+    assert "DDPLAB_AGENT_BARRIER_NODES" in capsys.readouterr().err

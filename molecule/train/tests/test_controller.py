@@ -1,0 +1,108 @@
+"""Scenario `train`, on the controller: the run came home complete and trained as it should."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+testinfra_hosts = ["controller"]
+
+PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[3]))
+RUNS = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "runs"
+TRAINERS = ["mol-laptop-a", "mol-laptop-b", "mol-laptop-c"]
+MAX_STEPS = 60
+RDZV_PORT = 29411
+
+sys.path.insert(0, str(PROJECT / "train"))
+
+
+@pytest.fixture(scope="module")
+def run_dir() -> Path:
+    current = RUNS / "current"
+    assert current.is_symlink(), f"{current} missing: converge did not launch a run"
+    path = current.resolve()
+    assert path.is_dir()
+    return path
+
+
+@pytest.fixture(scope="module")
+def summary(run_dir):
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def _records(host_dir: Path):
+    from ddplab.summary import read_metrics_dir
+
+    return read_metrics_dir(host_dir / "metrics")
+
+
+def test_summary_fields(summary, run_dir):
+    for key in (
+        "run_id",
+        "hosts",
+        "steps_completed",
+        "final_train_loss",
+        "final_val_loss",
+        "wall_s",
+        "world_size_timeline",
+        "restarts",
+        "faults",
+    ):
+        assert key in summary, key
+    assert summary["run_id"] == run_dir.name
+    assert sorted(summary["hosts"]) == TRAINERS
+    assert summary["steps_completed"] == MAX_STEPS
+    assert summary["faults"] == []
+
+
+def test_world_size_three_throughout(summary, run_dir):
+    assert [e["world_size"] for e in summary["world_size_timeline"]] == [3]
+    assert summary["restarts"] == 0
+    for host in TRAINERS:
+        steps = [r for r in _records(run_dir / host) if r["event"] == "step"]
+        assert steps, host
+        assert {r["world_size"] for r in steps} == {3}, host
+
+
+def test_loss_went_down(summary):
+    assert summary["final_train_loss"] < summary["first_train_loss"] - 0.5, summary
+    assert summary["final_val_loss"] is not None and summary["final_val_loss"] < summary["first_train_loss"]
+
+
+@pytest.mark.parametrize("host", TRAINERS)
+def test_every_node_came_back(run_dir, host):
+    d = run_dir / host
+    assert (d / "journal.txt").stat().st_size > 0
+    assert (
+        "Rendezvous complete" in (d / "journal.txt").read_text()
+        or "ddplab" in (d / "journal.txt").read_text()
+    )
+    assert list((d / "logs").rglob("*.log")), f"{host}: no torchrun worker logs"
+    assert (d / "run.json").is_file()
+    recs = _records(d)
+    assert any(r["event"] == "end" for r in recs), f"{host}: no end record"
+
+
+@pytest.mark.parametrize("host", TRAINERS)
+def test_checkpoint_loads(run_dir, host):
+    from ddplab.checkpoint import CheckpointStore
+
+    store = CheckpointStore(run_dir / host / "checkpoints")
+    steps = store.steps()
+    assert steps == [MAX_STEPS], f"{host}: newest checkpoint only, of the last step; got {steps}"
+    state = store.load(steps[-1])  # verifies the sha256 sidecar, then torch.load
+    assert state, host
+
+
+def test_sample_and_result(run_dir):
+    samples = [h for h in TRAINERS if (run_dir / h / "sample.txt").is_file()]
+    assert len(samples) == 1, samples  # written by rank 0
+    assert len((run_dir / samples[0] / "sample.txt").read_text()) > 50
+    result = json.loads((run_dir / samples[0] / "result.json").read_text())
+    assert result["steps"] == MAX_STEPS
+
+
+def test_store_stopped_after_the_job():
+    assert not (PROJECT / "runs" / ".rdzv" / f"store-{RDZV_PORT}.json").exists()
