@@ -26,11 +26,28 @@ def manylinux_platforms(glibc: str, machine: str) -> list[str]:
 
 
 def pip_error(stderr: str) -> str:
-    """The first ``ERROR:`` line of pip's stderr without the prefix (else its last line)."""
+    """One line saying why ``pip download``/``pip install`` failed, from its stderr.
+
+    Prefers pip's "Could not find a version that satisfies ..." line (it lists the versions on
+    offer); otherwise names packages without a matching distribution and any pip constraint
+    (pip.conf / PIP_CONSTRAINT) that excluded the request; otherwise the first ``ERROR:`` line,
+    else the last line.
+    """
     lines = [ln.strip() for ln in (stderr or "").splitlines() if ln.strip()]
-    for line in lines:
-        if line.startswith("ERROR:"):
-            return line[len("ERROR:"):].strip()
+    errors = [ln[len("ERROR:"):].strip() for ln in lines if ln.startswith("ERROR:")]
+    for err in errors:
+        if err.startswith("Could not find a version that satisfies"):
+            return err
+    parts = []
+    for i, line in enumerate(lines):
+        if "no matching distributions available" in line and i + 1 < len(lines):
+            parts.append(f"no matching distribution of {lines[i + 1]} for the nodes' Python/platform")
+        if line.startswith("The user requested (constraint)"):
+            parts.append(f"pip constraint {line.split(')', 1)[1].strip()} excludes it")
+    if parts:
+        return "; ".join(parts)
+    if errors:
+        return errors[0]
     return lines[-1] if lines else "no output"
 
 

@@ -1,0 +1,105 @@
+"""pytest-testinfra checks of the provisioned lab laptops (molecule scenario `default`).
+
+Runs under `molecule verify` (testinfra over the scenario's ansible inventory). Each check reads
+the node's real state: systemd units, files, the venv, the route to the rendezvous host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import testinfra
+import yaml
+from testinfra.utils.ansible_runner import AnsibleRunner
+
+testinfra_hosts = ["ansible://trainers"]
+
+REPO = Path(__file__).resolve().parents[3]
+DEFAULTS = {
+    role: yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text())
+    for role in ("cpu_governor", "power", "python_env", "wired_network", "wifi_powersave")
+}
+FACT_FILE = DEFAULTS["wired_network"]["wired_network_fact_file"]
+VENV_PY = f"{DEFAULTS['python_env']['python_env_prefix']}/bin/python"
+USER = DEFAULTS["python_env"]["python_env_user"]
+
+
+def _inventory() -> str:
+    """The scenario's inventory folder (molecule sets MOLECULE_INVENTORY_FILE inside it)."""
+    return str(Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent)
+
+
+def test_governor_unit_enabled(host):
+    unit = DEFAULTS["cpu_governor"]["cpu_governor_unit"]
+    governor = DEFAULTS["cpu_governor"]["cpu_governor_governor"]
+    assert host.service(unit).is_enabled
+    text = host.file(f"/etc/systemd/system/{unit}").content_string
+    assert f"frequency-set --governor {governor}" in text
+    # Harmless where there is no cpufreq (the lab): the unit's condition skips it at boot.
+    assert "ConditionPathExists=/sys/devices/system/cpu/cpu0/cpufreq" in text
+    assert not host.service(unit).is_running or host.file("/sys/devices/system/cpu/cpu0/cpufreq").exists
+
+
+def test_logind_dropin_and_masked_targets(host):
+    dropin = host.file(DEFAULTS["power"]["power_logind_dropin"])
+    assert dropin.is_file
+    lines = set(dropin.content_string.split())
+    assert {"[Login]", "HandleLidSwitch=ignore", "HandleLidSwitchExternalPower=ignore",
+            "HandleLidSwitchDocked=ignore"} <= lines
+    for target in DEFAULTS["power"]["power_sleep_targets"]:
+        assert host.run("systemctl is-enabled %s", target).stdout.strip() == "masked", target
+
+
+def test_networkmanager_dropin_where_nm_exists(host):
+    dropin = host.file(DEFAULTS["wifi_powersave"]["wifi_powersave_nm_dropin"])
+    if host.file("/usr/sbin/NetworkManager").exists:
+        assert dropin.is_file
+        assert "wifi.powersave = 2" in dropin.content_string
+    else:
+        # Without NetworkManager the role must not invent its configuration folder.
+        assert not dropin.exists
+        assert not host.file("/etc/NetworkManager").exists
+
+
+def test_venv_imports_pinned_torch_as_training_user(host):
+    pinned = DEFAULTS["python_env"]["python_env_torch_version"]
+    out = host.check_output(
+        "runuser -u %s -- %s -c %s", USER, VENV_PY,
+        "import json, torch, numpy, psutil; print(json.dumps([torch.__version__, numpy.__version__]))")
+    torch_version, numpy_version = json.loads(out)
+    assert torch_version.split("+")[0] == pinned
+    assert numpy_version == DEFAULTS["python_env"]["python_env_numpy_version"]
+    assert host.file(DEFAULTS["python_env"]["python_env_prefix"]).user == "root"
+
+
+def test_training_user_has_no_sudo(host):
+    user = host.user(USER)
+    assert user.exists
+    assert not {"sudo", "admin", "wheel"} & set(user.groups)
+    assert "not allowed" in host.run("sudo -l -U %s", USER).stdout
+
+
+def test_gloo_interface_recorded(host):
+    fact = json.loads(host.file(FACT_FILE).content_string)
+    ifname, address = fact["gloo_socket_ifname"], fact["address"]
+    route = host.check_output("ip -4 -o route get %s", fact["rendezvous_address"]).split()
+    assert route[route.index("dev") + 1] == ifname
+    assert route[route.index("src") + 1] == address
+    assert not host.file(f"/sys/class/net/{ifname}/wireless").exists
+    assert address in host.check_output("ip -4 -o addr show dev %s", ifname)
+
+
+@pytest.mark.parametrize("package", ["torch", "numpy", "psutil"])
+def test_same_versions_on_every_node(package):
+    """Every trainer has the same version of each pinned package (DDP hangs on a mismatch)."""
+    hosts = AnsibleRunner(_inventory()).get_hosts("trainers")
+    assert len(hosts) >= 2
+    versions = {}
+    for name in hosts:
+        node = testinfra.get_host(f"ansible://{name}?ansible_inventory={_inventory()}")
+        versions[name] = node.check_output(
+            "%s -c %s", VENV_PY, f"import importlib.metadata as m; print(m.version('{package}'))")
+    assert len(set(versions.values())) == 1, versions
