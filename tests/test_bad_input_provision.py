@@ -107,8 +107,11 @@ def _recap(output: str) -> dict[str, dict[str, int]]:
 
 
 def _errors(output: str) -> list[str]:
-    """The failure messages Ansible printed, one per failed host."""
-    return ERROR.findall(output)
+    """The failure messages Ansible printed, one per failed host (echoed for `pytest -s`)."""
+    found = ERROR.findall(output)
+    for line in found:
+        print(f"bad input -> {line}")
+    return found
 
 
 @contextlib.contextmanager
@@ -181,7 +184,7 @@ def test_route_to_rendezvous_over_wifi(lab: Lab, tmp_path: Path) -> None:
     """A trainer whose route to the rendezvous host leaves over its WiFi card.
 
     The kernel here has no WiFi driver (no mac80211_hwsim), so the card is simulated honestly in
-    two parts: a real interface named like a laptop's WiFi card (a dummy ``wlp2s0``) on which the
+    two parts: a real interface named like a laptop's WiFi card (a veth ``wlp2s0``) on which the
     kernel really routes the rendezvous address (a TEST-NET-1 address given to this host as
     wired_network_rendezvous_address, so the real route to the controller stays untouched), and
     a fixture copy of its sysfs folder that carries the ``wireless`` subfolder a WiFi driver
@@ -189,8 +192,9 @@ def test_route_to_rendezvous_over_wifi(lab: Lab, tmp_path: Path) -> None:
     """
     victim = lab.trainers[1 % len(lab.trainers)]
     fixture = "/run/ddp-lab-test/sys-class-net"
-    setup = (f"ip link add wlp2s0 type dummy && ip addr add 192.0.2.2/24 dev wlp2s0 && "
-             f"ip link set wlp2s0 up && mkdir -p {fixture}/wlp2s0/wireless && "
+    # veth: the lab kernel has no dummy driver; both ends stay inside the node.
+    setup = (f"ip link add wlp2s0 type veth peer name wlp2s0-peer && ip addr add 192.0.2.2/24 dev wlp2s0 && "
+             f"ip link set wlp2s0-peer up && ip link set wlp2s0 up && mkdir -p {fixture}/wlp2s0/wireless && "
              f"echo up > {fixture}/wlp2s0/operstate")
     _exec(lab, victim, "sh", "-c", "ip link del wlp2s0 2>/dev/null; rm -rf /run/ddp-lab-test")
     made = _exec(lab, victim, "sh", "-c", setup)
