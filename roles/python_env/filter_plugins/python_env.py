@@ -25,15 +25,16 @@ def manylinux_platforms(glibc: str, machine: str) -> list[str]:
     return tags
 
 
-def pip_error(stderr: str) -> str:
-    """One line saying why ``pip download``/``pip install`` failed, from its stderr.
+def pip_error(stderr: str, stdout: str = "") -> str:
+    """One line saying why ``pip download``/``pip install`` failed, from its stderr and stdout
+    (pip prints the explanation of a resolution conflict on stdout).
 
     Prefers pip's "Could not find a version that satisfies ..." line (it lists the versions on
     offer); otherwise names packages without a matching distribution and any pip constraint
     (pip.conf / PIP_CONSTRAINT) that excluded the request; otherwise the first ``ERROR:`` line,
     else the last line.
     """
-    lines = [ln.strip() for ln in (stderr or "").splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in f"{stdout or ''}\n{stderr or ''}".splitlines() if ln.strip()]
     errors = [ln[len("ERROR:"):].strip() for ln in lines if ln.startswith("ERROR:")]
     for err in errors:
         if err.startswith("Could not find a version that satisfies"):
