@@ -229,7 +229,10 @@ def test_throttle_reports_the_slowdown(run):
     run.start(ABC, T0 - 1)
     run.steps(ABC, 1, 30, T0, dt=1.0)
     run.fault("throttle", "laptop-b", T0 + 29.5, rank=1, duration_s=20)
-    run.steps(ABC, 31, 40, T0 + 31.5, dt=2.0, step_time=2.0)
+    run.steps(ABC, 31, 39, T0 + 31.5, dt=2.0, step_time=2.0)   # the last at T0 + 47.5
+    (m,) = run.measures()
+    assert m.outcome == "not_recovered"             # nothing completed after the throttle yet
+    run.steps(ABC, 40, 45, T0 + 51.0)
     (m,) = run.measures()
     assert m.outcome == "continued"
     assert m.step_time_ratio == pytest.approx(2.0)
@@ -368,22 +371,36 @@ def test_progress_phase_from_one_nodes_records(run):
     run.start(ABC, T0 - 1)
     run.steps(ABC, 1, 10, T0)
     inj = faults.Injection(T0 + 9.5, "freeze", "laptop-c", duration_s=20)
-    recs = faults.load_metrics(run.dir)
-    m = faults.measure(inj, recs)
-    assert faults.progress_phase(m, T0 + 29.5, True, recs) == "waiting"
-    assert faults.progress_phase(m, T0 + 29.5, False, recs) == "ended"
-    run.steps(ABC, 11, 11, T0 + 15)                 # a step during the fault: not yet over
-    recs = faults.load_metrics(run.dir)
-    m = faults.measure(inj, recs)
-    assert m.outcome == "continued"
-    assert faults.progress_phase(m, T0 + 29.5, True, recs) == "waiting"
-    run.steps(ABC, 12, 12, T0 + 30)
-    recs = faults.load_metrics(run.dir)
-    assert faults.progress_phase(faults.measure(inj, recs), T0 + 29.5, True, recs) == "continued"
+
+    def phase(active=True):
+        return faults.progress_phase(faults.measure(inj, faults.load_metrics(run.dir)), active)
+
+    assert phase() == "waiting"
+    assert phase(active=False) == "ended"
+    run.steps(ABC, 11, 11, T0 + 15)                 # a step during the fault: not over yet
+    assert phase() == "waiting"
+    run.steps(ABC, 12, 12, T0 + 30)                 # after the fault's end: ridden out
+    assert phase() == "continued"
     run.start(AB, T0 + 31, resumed_from_step=12, restart_count=1)
     run.steps(AB, 13, 13, T0 + 32)
-    recs = faults.load_metrics(run.dir)
-    assert faults.progress_phase(faults.measure(inj, recs), T0 + 29.5, False, recs) == "recovered"
+    assert phase(active=False) == "recovered"
+
+
+def test_steps_in_flight_after_an_instant_fault_are_not_a_recovery(run):
+    """poweroff: the node's systemd shuts down for a few seconds; the old group completes steps
+    after the injection. That is neither a recovery nor riding the fault out."""
+    run.start(ABC, T0 - 1)
+    run.steps(ABC, 1, 10, T0)
+    inj = faults.Injection(T0 + 7.5, "poweroff", "laptop-a")
+    m = faults.measure(inj, faults.load_metrics(run.dir))
+    assert m.outcome == "not_recovered"
+    assert faults.progress_phase(m, True) == "waiting"
+    run.failure("laptop-b", T0 + 11, 1, 3, step=10)
+    run.start(("laptop-b", "laptop-c"), T0 + 15, resumed_from_step=10, restart_count=1)
+    run.steps(("laptop-b", "laptop-c"), 11, 12, T0 + 16)
+    m = faults.measure(inj, faults.load_metrics(run.dir))
+    assert (m.outcome, m.world_size_after, m.steps_lost, m.last_step_before) == ("recovered", 2, 0, 10)
+    assert m.recovered_s == pytest.approx(8.5)
 
 
 def test_newest_per_worker_lists_ranks_world_size_and_step(run):

@@ -30,14 +30,15 @@ For an injection at time ``T`` (records up to the next injection count for it), 
 ``world_size_before`` / ``world_size_after``
     of the newest step record before ``T`` / of the recovery step.
 ``outcome``
-    ``recovered`` (a new generation completed a step); ``continued`` (no worker restarted and the
-    group completed steps after the fault: a short freeze or partition the group rode out, a
-    throttle); ``finished`` (an ``end`` record, no restart); ``not_recovered`` (nothing completed
-    after ``T``: still recovering, or the job ended -- ``cause`` then names the failing host and
-    error); ``no_data`` (no record after ``T``).
+    ``recovered`` (a new generation completed a step); ``continued`` (a fault with a duration, no
+    worker restarted, and the group completed steps after the fault had ended: a short freeze or
+    partition the group rode out, a throttle); ``finished`` (an ``end`` record, no restart);
+    ``not_recovered`` (no restarted group completed a step: still recovering, or the job ended --
+    ``cause`` then names the failing host and error); ``no_data`` (no record after ``T``).
 ``stall_s``
     the longest time between consecutive completed steps (any host) from the last step before
-    ``T`` to the first completed step after it: how long training stood still.
+    ``T`` to the first step of the recovery (or, without a restart, the first one after the fault
+    ended): how long training stood still.
 ``step_time_ratio``
     for faults with a duration: median ``step_time_s`` of the steps completed during
     ``[T, T + duration_s]`` / median of those completed in the same length of time before ``T``
@@ -336,12 +337,15 @@ def measure(inj: Injection, records: Sequence[Record], until: float | None = Non
             m.notes.append("start record without resumed_from_step: steps_lost unknown")
         first_after_any = t_rec
     else:
-        old_steps_after = _steps(after)
+        # without a restart, the fault was ridden out only if steps went on after it ended: steps
+        # completed right after an instant fault are the old group's last ones in flight
+        ended_at = t0 + (inj.duration_s or 0.0)
+        steps_after_fault = [r for r in _steps(after) if r["time"] > ended_at] if inj.duration_s else []
         ends = [r for r in after if r.get("event") == "end"]
-        if old_steps_after:
+        if steps_after_fault:
             m.outcome = "continued"
             m.steps_lost = 0
-            first = min(old_steps_after, key=lambda r: r["time"])
+            first = min(steps_after_fault, key=lambda r: r["time"])
             m.world_size_after = _int(first.get("world_size"))
             first_after_any = first["time"]
         elif ends:
@@ -410,27 +414,19 @@ def newest_per_worker(records: Iterable[Record]) -> list[dict[str, Any]]:
 PHASES = ("waiting", "recovered", "continued", "finished", "ended")
 
 
-def progress_phase(
-    m: FaultMeasure, settle: float | None, agent_active: bool, records: Iterable[Record]
-) -> str:
+def progress_phase(m: FaultMeasure, agent_active: bool) -> str:
     """Where the group stands after an injection, seen from one node: a play waits while it is
     ``waiting``.
 
     ``recovered``: a restarted group completed a step. ``finished``: the job wrote its ``end``
-    record. ``continued``: no restart, and a step completed after ``settle`` (the end of a fault
-    with a duration: the group rode it out). ``ended``: none of those and the node's agent is
-    no longer running (restarts ran out, or the job was stopped). ``m``: :func:`measure` of the
-    node's own records for the injection; ``records``: those records.
+    record. ``continued``: no restart, and a step completed after the fault's duration was over
+    (the group rode it out). ``ended``: none of those and the node's agent is no longer running
+    (restarts ran out, or the job was stopped). ``m``: :func:`measure` of the node's own records
+    for the injection (with its ``duration_s``).
     """
-    if m.outcome in ("recovered", "finished"):
+    if m.outcome in ("recovered", "finished", "continued"):
         return m.outcome
-    if m.outcome == "continued":
-        limit = settle if settle is not None else m.injected_at
-        if any(r.get("event") == "step" and (_num(r.get("time")) or 0.0) > limit for r in records):
-            return "continued"
-    if not agent_active:
-        return "ended"
-    return "waiting"
+    return "waiting" if agent_active else "ended"
 
 
 # ----------------------------------------------------------------------------- output

@@ -21,9 +21,9 @@ options:
   since:
     description: Unix time of the injection to measure (omit to only read the newest records).
     type: float
-  settle:
-    description: Unix time the fault ends (injection + duration); a step after it without a
-      restart means the group rode the fault out.
+  duration_s:
+    description: How long the fault lasts (freeze, partition, throttle); a step after it without
+      a restart means the group rode the fault out.
     type: float
   mode:
     description: The fault mode, for the measurement.
@@ -139,7 +139,7 @@ def main() -> None:
         argument_spec={
             "metrics_dir": {"type": "path", "required": True},
             "since": {"type": "float"},
-            "settle": {"type": "float"},
+            "duration_s": {"type": "float"},
             "mode": {"type": "str", "default": "kill-agent"},
             "node": {"type": "str", "default": ""},
             "unit": {"type": "str", "default": "ddp-lab-agent"},
@@ -165,9 +165,10 @@ def main() -> None:
         result["workers"] = workers
         if p["since"] is None:
             break
-        inj = Injection(time=p["since"], mode=p["mode"], node=p["node"] or "?")
+        inj = Injection(time=p["since"], mode=p["mode"], node=p["node"] or "?",
+                        duration_s=p["duration_s"] or None)
         m = measure(inj, records)
-        result["phase"] = progress_phase(m, p["settle"], running, records)
+        result["phase"] = progress_phase(m, running)
         result["measure"] = m.to_dict()
         if result["phase"] != "waiting" or time.monotonic() - t_start >= p["wait_s"]:
             break
