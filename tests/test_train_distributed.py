@@ -6,6 +6,7 @@
   keep_global switches gradient accumulation) and continues the global sample count.
 """
 
+import contextlib
 import os
 import shutil
 import signal
@@ -36,6 +37,20 @@ def max_diff(a: Path, b: Path) -> float:
 
 def by_event(records, event):
     return [r for r in records if r["event"] == event]
+
+
+def kill_tree(proc: subprocess.Popen, known: list[psutil.Process] = ()) -> None:
+    """SIGKILL torchrun and every worker (workers may sit in their own process groups);
+    ``known`` are workers collected earlier, in case the agent is already gone."""
+    family = list(known)
+    with contextlib.suppress(psutil.NoSuchProcess):
+        family += psutil.Process(proc.pid).children(recursive=True)
+        if proc.poll() is None:
+            family.append(psutil.Process(proc.pid))
+    for p in family:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    proc.wait()
 
 
 def kill_rank_when(
@@ -74,8 +89,7 @@ def test_killed_worker_costs_no_step_and_resume_is_exact(tmp_path, data_path):
         output, _ = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            kill_tree(proc)
     assert proc.returncode == 0, output[-3000:]
 
     records = read_metrics(killed, local_rank=0)
@@ -165,17 +179,18 @@ def test_frozen_peer_then_sigterm_still_saves_last_step(tmp_path, data_path):
                      pg_timeout_s=300)
     proc = subprocess.Popen(torchrun_cmd(2, args), env=subprocess_env(), cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    workers: list[psutil.Process] = []
     try:
         kill_rank_when(proc, out, rank=1, at_step=10, sig=signal.SIGSTOP)
+        workers = psutil.Process(proc.pid).children(recursive=True)
         time.sleep(1.0)  # rank 0 is now blocked in the gradient all-reduce
-        rank0 = next(c for c in psutil.Process(proc.pid).children() if c.environ().get("RANK") == "0")
+        rank0 = next(c for c in workers if c.environ().get("RANK") == "0")
         t_term = time.monotonic()
         rank0.send_signal(signal.SIGTERM)
         rank0.wait(timeout=20)
         reaction = time.monotonic() - t_term
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        kill_tree(proc, workers)
     assert reaction < 10
     records = read_metrics(out)
     failure = records[-1]
@@ -209,8 +224,7 @@ def run_three_nodes(outs: list[Path], data_path: Path, **overrides) -> list[dict
     finally:
         for p in procs:
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+                kill_tree(p)
     for p, text in zip(procs, outputs, strict=True):
         assert p.returncode == 0, text[-3000:]
     return [by_event(read_metrics(out), "start")[-1] for out in outs]
