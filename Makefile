@@ -47,8 +47,14 @@ lab-down: ## remove the lab containers and network
 lab-status: ## image, network and node states of the lab
 	$(LAB) status
 
-demo: lab-up ## the main job: bring up the lab and run site.yml end to end
-	ansible-playbook -i $(INVENTORY) site.yml
+# A local copy of the dataset (checksum-verified like a download): used instead of the internet
+# when it exists, e.g. on machines without access to GitHub. `make demo DATASET=` downloads.
+DATASET ?= $(wildcard $(abspath $(CURDIR)/../shared/data/tinyshakespeare/input.txt))
+DEMO_ARGS ?=
+
+demo: lab-up ## the main job: bring up the lab, run site.yml end to end, print the run's folder
+	ansible-playbook -i $(INVENTORY) site.yml $(if $(DATASET),-e ddp_job_dataset_src=$(DATASET)) $(DEMO_ARGS)
+	@echo "run folder: $$(readlink -f runs/current)"
 
 test: deps venv image ## everything CI runs: unit tests, linters, molecule scenarios
 	$(MAKE) test-unit lint molecule

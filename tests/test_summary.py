@@ -333,3 +333,31 @@ def test_progress_shows_failure():
     )
     assert p["failure"].startswith("RuntimeError")
     assert "last failure: RuntimeError" in sm.format_progress("laptop-c", p, "running")
+
+
+def test_progress_ignores_records_of_earlier_launches(tmp_path, monkeypatch):
+    now = time.time()
+    out = tmp_path / "run"
+    (out / "metrics").mkdir(parents=True)
+    old = {
+        "event": "failure",
+        "time": now - 300,
+        "rank": 0,
+        "world_size": 3,
+        "restart_count": 0,
+        "step": 584,
+        "error": "Terminated: stopped by SIGTERM",
+    }
+    (out / "metrics" / "n-local0.jsonl").write_text(json.dumps(old) + "\n")
+    started_mono_us = int((time.monotonic() - 5) * 1e6)  # the unit started 5 s ago
+    unit = {
+        "LoadState": "loaded",
+        "ActiveState": "active",
+        "SubState": "running",
+        "Result": "success",
+        "ExecMainStartTimestampMonotonic": str(started_mono_us),
+    }
+    monkeypatch.setattr(sm, "unit_state", lambda name: unit)
+    assert sm.unit_started_at(unit) == pytest.approx(now - 5, abs=1)
+    p = sm.progress(out, unit="ddp-lab-agent", host="n")
+    assert "no metrics yet" in p["line"] and p["state"] == "running"

@@ -402,7 +402,10 @@ def human_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None)
 def unit_state(unit: str) -> dict[str, str]:
     """``systemctl show`` of a unit: LoadState, ActiveState, SubState, Result, ExecMainStatus,
     InvocationID ({} when systemctl is not available)."""
-    props = "LoadState,ActiveState,SubState,Result,ExecMainStatus,ExecMainCode,InvocationID"
+    props = (
+        "LoadState,ActiveState,SubState,Result,ExecMainStatus,ExecMainCode,InvocationID,"
+        "ExecMainStartTimestampMonotonic"
+    )
     try:
         out = subprocess.run(
             ["systemctl", "show", unit, "-p", props], capture_output=True, text=True, timeout=20, check=False
@@ -503,11 +506,30 @@ def format_progress(host: str, p: Mapping[str, Any], state: str | None = None) -
     return f"{host:<12} {body}" + (f"  [{state}]" if state else "")
 
 
+def unit_started_at(unit: Mapping[str, str]) -> float | None:
+    """Unix time the unit's main process started (from ExecMainStartTimestampMonotonic, which is
+    CLOCK_MONOTONIC in microseconds, like time.monotonic()); None when unknown."""
+    try:
+        mono_us = int(unit.get("ExecMainStartTimestampMonotonic", "0"))
+    except ValueError:
+        return None
+    if mono_us <= 0:
+        return None
+    return time.time() - (time.monotonic() - mono_us / 1e6)
+
+
 def progress(out_dir: Path, unit: str | None, host: str | None = None) -> dict[str, Any]:
-    """The progress of this node: ``{host, state, unit, progress, line}`` (see :func:`job_state`)."""
+    """The progress of this node: ``{host, state, unit, progress, line}`` (see :func:`job_state`).
+
+    Only records written since the unit's current start count (a resumed run's folder holds the
+    records of earlier launches too).
+    """
     host = host or socket.gethostname()
     records = read_metrics_dir(out_dir / "metrics", tail_bytes=TAIL_BYTES)
     u = unit_state(unit) if unit else {}
+    since = unit_started_at(u)
+    if since is not None:
+        records = [r for r in records if (_num(r.get("time")) or 0.0) >= since - 1.0]
     state = job_state(u, records)
     p = node_progress(records)
     return {"host": host, "state": state, "unit": u, "progress": p, "line": format_progress(host, p, state)}
