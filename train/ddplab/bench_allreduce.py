@@ -100,31 +100,34 @@ def gather_hosts(dist) -> list[str]:
     return [str(h) for h in hosts]
 
 
-def _max_over_ranks(dist, torch, seconds: float) -> float:
+def _max_over_ranks(dist, torch, seconds: float, group=None) -> float:
     t = torch.tensor([seconds], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return float(t.item())
 
 
-def time_allreduce(dist, torch, nbytes: int, warmup: int, repeats: int, budget_s: float) -> list[float]:
+def time_allreduce(dist, torch, nbytes: int, warmup: int, repeats: int, budget_s: float,
+                   group=None) -> list[float]:
     """Times (s, max over ranks) of ``repeats`` all-reduces of ``nbytes`` of float32 after ``warmup``.
 
     Stops early once the timed calls add up to ``budget_s`` (the decision uses the rank-max times,
-    which every rank holds, so all ranks stop together). Raises RuntimeError when a result is wrong.
+    which every rank holds, so all ranks stop together). ``group``: a process group of which this
+    rank is a member (default: the whole world); only its members may call this.
+    Raises RuntimeError when a result is wrong.
     """
-    rank, n = dist.get_rank(), dist.get_world_size()
+    rank, n = dist.get_rank(group), dist.get_world_size(group)
     buf = torch.empty(nbytes // 4, dtype=torch.float32)
     expected = n * (n + 1) / 2
     times: list[float] = []
     for i in range(warmup + repeats):
         buf.fill_(rank + 1)
-        dist.barrier()
+        dist.barrier(group=group)
         t0 = time.perf_counter()
-        dist.all_reduce(buf)
+        dist.all_reduce(buf, group=group)
         elapsed = time.perf_counter() - t0
         if buf.numel() and (buf[0].item() != expected or buf[-1].item() != expected):
             raise RuntimeError(f"all_reduce of {nbytes} bytes returned {buf[0].item()}, expected {expected}")
-        elapsed = _max_over_ranks(dist, torch, elapsed)
+        elapsed = _max_over_ranks(dist, torch, elapsed, group)
         if i >= warmup:
             times.append(elapsed)
             if sum(times) >= budget_s:

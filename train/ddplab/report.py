@@ -69,8 +69,12 @@ def _num(v: Any) -> float | None:
     return float(v)
 
 
-def load_run(path: str | Path) -> Run:
-    """Read a run folder. Raises ReportError when it does not exist or summary.json is not JSON."""
+def load_run(path: str | Path, metrics_dir: str | Path | None = None) -> Run:
+    """Read a run folder; the metrics from ``<metrics_dir>/<host>/metrics/*.jsonl`` (default: the run
+    folder; kill-node.yml passes the live copies it fetched, ``runs/<run_id>/.live``).
+
+    Raises ReportError when the folder does not exist or summary.json is not JSON.
+    """
     root = Path(path)
     if not root.is_dir():
         raise ReportError(f"{root}: no such run folder (expected runs/<run_id>/ made by collect.yml)")
@@ -87,7 +91,10 @@ def load_run(path: str | Path) -> Run:
     else:
         notes.append("summary.json is missing: key figures derived from the metrics")
     events = read_jsonl(root / "events.jsonl") if (root / "events.jsonl").exists() else []
-    files = sorted(root.glob("*/metrics/*.jsonl"))
+    files = sorted(Path(metrics_dir or root).glob("*/metrics/*.jsonl"))
+    if metrics_dir:
+        notes.append(f"metrics read from {metrics_dir} (copies taken while the run went on: "
+                     "collect.yml brings the final ones)")
     metrics: list[Record] = []
     for f in files:
         host_dir = f.parent.parent.name
@@ -327,7 +334,8 @@ def plot_loss(run: Run, fl: list[Fault], rs: list[Restart], out: Path) -> None:
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title("Loss per step (red: fault injected, orange: group restarted)", loc="left")
-    ax.legend(loc="upper right")
+    # above the axes, right: never over the fault/restart labels at the top of the plot
+    ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncols=2, frameon=False)
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)
@@ -381,11 +389,24 @@ def plot_world_size(run: Run, fl: list[Fault], rs: list[Restart], tx: TimeAxis, 
     fig, ax = plt.subplots(figsize=(11, 3.2))
     tl = world_size_timeline(run)
     if tl:
-        ax.step([tx(t) for t, _ in tl], [w for _, w in tl], where="post", color="tab:blue", lw=2)
-        for a, b in idle_gaps([t for t, _ in tl]):
+        gaps = idle_gaps([t for t, _ in tl])
+        # one line per stretch of training: the line stops where the steps stop
+        starts = [tl[0][0]] + [b for _, b in gaps]
+        for i, t_start in enumerate(starts):
+            t_end = gaps[i][0] if i < len(gaps) else tl[-1][0]
+            seg = [(t, w) for t, w in tl if t_start <= t <= t_end]
+            ax.step([tx(t) for t, _ in seg], [w for _, w in seg], where="post", color="tab:blue", lw=2)
+        for a, b in gaps:
             ax.axvspan(tx(a), tx(b), color="gray", alpha=0.25)
-            ax.text((tx(a) + tx(b)) / 2, 0.04, f"no steps\n{b - a:.0f} s",
-                    transform=ax.get_xaxis_transform(), ha="center", va="bottom", fontsize=8, color="dimgray")
+            ax.text((tx(a) + tx(b)) / 2, 0.5, f"no training\nfor {b - a:.0f} s", fontsize=10,
+                    transform=ax.get_xaxis_transform(), ha="center", va="center", color="dimgray")
+    t_lo, t_hi = (tl[0][0], tl[-1][0]) if tl else (tx.t0, tx.t0)
+    for e in run.events:
+        t = _num(e.get("time"))
+        if e.get("kind") in ("launch", "resume", "rejoin") and t is not None and t_lo <= t <= t_hi:
+            ax.axvline(tx(t), color="dimgray", lw=1, ls=":")
+            ax.text(tx(t), 0.98, f" {e['kind']}", color="dimgray", va="top", fontsize=9,
+                    transform=ax.get_xaxis_transform())
     for f in fl:
         if f.time is not None:
             ax.axvline(tx(f.time), color="crimson", lw=1.5)
@@ -564,13 +585,14 @@ def _ws_sequence(run: Run) -> list[int]:
 
 def build_report(run_dir: str | Path, margin: float = straggler.DEFAULT_MARGIN,
                  window: int = straggler.DEFAULT_WINDOW,
-                 clock_drop: float = straggler.DEFAULT_CLOCK_DROP) -> tuple[Path, bool]:
-    """Write ``report.html`` and ``plots/*.png`` into ``run_dir``.
+                 clock_drop: float = straggler.DEFAULT_CLOCK_DROP,
+                 metrics_dir: str | Path | None = None) -> tuple[Path, bool]:
+    """Write ``report.html`` and ``plots/*.png`` into ``run_dir`` (metrics: see :func:`load_run`).
 
     Returns (path of report.html, whether the run had step metrics). Raises ReportError on a
     missing or unreadable run folder, ValueError on bad straggler parameters.
     """
-    run = load_run(run_dir)
+    run = load_run(run_dir, metrics_dir)
     findings = straggler.detect_stragglers(run.metrics, margin, window, clock_drop)
     steps = run.by_event("step")
     times = [t for r in run.metrics if (t := _num(r.get("time"))) is not None]
@@ -616,7 +638,9 @@ def build_report(run_dir: str | Path, margin: float = straggler.DEFAULT_MARGIN,
     if findings:
         status_class = "warn" if status_class == "ok" else status_class
     known = {"time", "kind", "mode", "node"}
-    events = [{"t": _fmt_clock(_num(e.get("time")), t0), "kind": e.get("kind") or "",
+    events = [{"t": _fmt_clock(_num(e.get("time")), t0),
+               "clock": time.strftime("%H:%M:%S", time.localtime(_num(e.get("time")) or 0))
+               if _num(e.get("time")) is not None else "—", "kind": e.get("kind") or "",
                "mode": e.get("mode") or "", "node": e.get("node") or "",
                "rest": ", ".join(f"{k}={v}" for k, v in e.items() if k not in known and v is not None)}
               for e in run.events]
@@ -658,9 +682,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="straggler: for at least this many step records (default 10)")
     ap.add_argument("--clock-drop", type=float, default=straggler.DEFAULT_CLOCK_DROP,
                     help="straggler: CPU clock below this fraction of its nominal clock (default 0.8)")
+    ap.add_argument("--metrics", metavar="DIR",
+                    help="read <DIR>/<host>/metrics/*.jsonl instead of the run folder's "
+                         "(e.g. runs/<id>/.live)")
     args = ap.parse_args(argv)
+    if args.metrics and not Path(args.metrics).is_dir():
+        print(f"report: --metrics {args.metrics}: no such folder", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
-        out, has_metrics = build_report(args.run_dir, args.margin, args.window, args.clock_drop)
+        out, has_metrics = build_report(args.run_dir, args.margin, args.window, args.clock_drop, args.metrics)
     except (ReportError, ValueError) as exc:
         print(f"report: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
