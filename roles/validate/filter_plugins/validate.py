@@ -1,6 +1,21 @@
-"""Filters of the validate role."""
+"""Filters of the validate role: turn what the read-only checks read into facts and messages.
+
+Every function is pure (no I/O besides importing the training package's config module) and is
+unit-tested in tests/test_role_filters.py and tests/test_bad_input_preflight.py.
+"""
 
 from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import shlex
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+# The project's training package (train/ddplab), for the run-config check on the controller.
+_TRAIN_DIR = Path(__file__).resolve().parents[3] / "train"
 
 
 def shared_values(values: dict) -> list[str]:
@@ -16,6 +31,18 @@ def shared_values(values: dict) -> list[str]:
     return [f"{' and '.join(keys)} share {value}" for value, keys in seen.items() if len(keys) > 1]
 
 
+def sharing_keys(values: dict) -> dict[str, list[str]]:
+    """``{key: [other keys with the same value]}`` for every key whose value is not unique.
+
+    ``values`` as in :func:`shared_values`; keys with a unique (or empty) value are left out.
+    """
+    seen: dict[str, list[str]] = {}
+    for key, value in values.items():
+        if value not in (None, ""):
+            seen.setdefault(str(value), []).append(str(key))
+    return {key: [k for k in keys if k != key] for keys in seen.values() if len(keys) > 1 for key in keys}
+
+
 def connection_targets(hosts: list, hostvars) -> dict:
     """``{host: machine}``: each host's ``ansible_host``, or its inventory name when unset."""
     targets = {}
@@ -25,8 +52,309 @@ def connection_targets(hosts: list, hostvars) -> dict:
     return targets
 
 
+def is_loopback(address) -> bool:
+    """True for an IPv4/IPv6 loopback address (127.0.0.0/8, ::1); False for anything else."""
+    try:
+        return ipaddress.ip_address(str(address).strip()).is_loopback
+    except ValueError:
+        return False
+
+
+def loopbacks(addresses: list) -> list:
+    """The loopback addresses among ``addresses`` (see :func:`is_loopback`)."""
+    return [a for a in addresses or [] if is_loopback(a)]
+
+
+def is_ipv4(address) -> bool:
+    """True for a dotted-quad IPv4 address."""
+    try:
+        ipaddress.IPv4Address(str(address).strip())
+    except ValueError:
+        return False
+    return True
+
+
+def spec_options(specs: dict) -> dict:
+    """The options of several roles' ``meta/argument_specs.yml`` (entry point ``main``), merged,
+    for ``ansible.builtin.validate_argument_spec`` on values that are already set.
+
+    ``specs``: ``{role: parsed argument_specs.yml}``. Defaults, ``required`` and descriptions are
+    dropped (defaults are the roles' own business and may be unrendered templates; a variable
+    that is required where its role runs need not be set for every host); each option keeps its
+    type, elements, choices and sub-options. Raises KeyError when a spec has no ``main`` entry.
+    """
+    def strip(option: dict) -> dict:
+        out = {k: v for k, v in option.items()
+               if k not in ("default", "description", "version_added", "required")}
+        if isinstance(out.get("options"), dict):
+            out["options"] = {name: strip(sub) for name, sub in out["options"].items()}
+        return out
+
+    merged: dict = {}
+    for _role, spec in specs.items():
+        for name, option in (spec["argument_specs"]["main"].get("options") or {}).items():
+            merged[name] = strip(option)
+    return merged
+
+
+def spec_owners(specs: dict) -> dict[str, str]:
+    """``{variable: role}`` for every option of the given roles' ``main`` argument specs."""
+    return {name: role for role, spec in specs.items()
+            for name in (spec["argument_specs"]["main"].get("options") or {})}
+
+
+def arg_records(errors: list, host: str, specs: dict) -> list[dict]:
+    """One failed check record per argument-spec error, naming the variable, its role and a fix.
+
+    ``errors``: ``argument_errors`` of ``validate_argument_spec``; ``specs`` as in
+    :func:`spec_options`. Returns ``[{check: "types", status: "fail", name, detail}]``; ``detail``
+    reads ``host: <variable>: <error>; fix: give <variable> a <type> (roles/<role>/README.md) ...``.
+    """
+    owners = spec_owners(specs)
+    options = spec_options(specs)
+    out = []
+    for error in errors or []:
+        text = " ".join(str(error).split())
+        name = next((n for n in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text) if n in owners), None)
+        if name is None:
+            detail = f"{host}: {text}; fix: correct the variable in the inventory, group_vars or -e"
+        else:
+            option = options[name]
+            want = option.get("type", "str")
+            if option.get("elements"):
+                want += f" of {option['elements']}"
+            if option.get("choices"):
+                want += " among " + ", ".join(map(str, option["choices"]))
+            detail = (f"{host}: {name}: {text}; fix: give {name} a {want} "
+                      f"(roles/{owners[name]}/README.md) in the inventory, group_vars or -e")
+        out.append({"check": "types", "status": "fail", "name": name, "detail": detail})
+    return out
+
+
+def records(messages: list, check: str, status: str = "fail") -> list[dict]:
+    """``[{check, status, detail}]``, one per message."""
+    return [{"check": check, "status": status, "detail": str(m)} for m in messages or []]
+
+
+def train_config_error(values: dict) -> str:
+    """The training program's verdict on a run configuration: ``""`` when valid, else its message.
+
+    ``values``: the run.json keys ddp-lab sets (``ddplab.config.TrainConfig`` fields). The
+    controller-side twin of ``python -m ddplab.train --check``: the same ``build_config`` decides,
+    before any node is touched. Needs no torch.
+    """
+    if str(_TRAIN_DIR) not in sys.path:
+        sys.path.insert(0, str(_TRAIN_DIR))
+    from ddplab.config import ConfigError, build_config  # noqa: PLC0415 - the package is optional here
+
+    try:
+        build_config(json_values=dict(values))
+    except ConfigError as exc:
+        return str(exc)
+    return ""
+
+
+def route_info(stdout: str) -> dict:
+    """``{dev, src}`` of one line of ``ip -4 -o route get ADDR`` (None where missing)."""
+    dev = re.search(r"\bdev\s+(\S+)", stdout or "")
+    src = re.search(r"\bsrc\s+(\S+)", stdout or "")
+    return {"dev": dev.group(1) if dev else None, "src": src.group(1) if src else None}
+
+
+def df_avail(stdout: str) -> dict:
+    """``{avail_mb, mount}`` of the first filesystem in ``df -P -B1 PATH...`` output.
+
+    ``avail_mb`` is in MiB (float). Raises ValueError when no filesystem line is present.
+    """
+    for line in (stdout or "").splitlines()[1:]:
+        parts = line.split()
+        if len(parts) >= 6 and parts[3].isdigit():
+            return {"avail_mb": int(parts[3]) / 2**20, "mount": " ".join(parts[5:])}
+    raise ValueError(f"no filesystem in df output: {stdout!r}")
+
+
+def _major_minor(dev: int) -> tuple[int, int]:
+    return os.major(int(dev)), os.minor(int(dev))
+
+
+def lock_holders(proc_locks: str, files: list) -> list[dict]:
+    """Processes that hold a lock on one of ``files``, read from ``/proc/locks``.
+
+    ``files``: ``find`` results (``path``, ``dev``, ``inode``). A ``/proc/locks`` line reads
+    ``1: POSIX  ADVISORY  WRITE 812 08:02:1311 0 EOF`` (pid, major:minor in hex, inode);
+    ``->`` lines are waiters, not holders. Returns ``[{path, pid}]`` (pid as int).
+    """
+    wanted = {}
+    for f in files or []:
+        major, minor = _major_minor(f["dev"])
+        wanted[(major, minor, int(f["inode"]))] = f["path"]
+    holders = []
+    for line in (proc_locks or "").splitlines():
+        fields = line.split()
+        if len(fields) < 6 or "->" in fields[:2]:
+            continue
+        match = re.fullmatch(r"([0-9a-f]+):([0-9a-f]+):(\d+)", fields[5])
+        if not match or not fields[4].isdigit():
+            continue
+        key = (int(match.group(1), 16), int(match.group(2), 16), int(match.group(3)))
+        if key in wanted:
+            holders.append({"path": wanted[key], "pid": int(fields[4])})
+    return holders
+
+
+def clock_offset(date_time: dict, before: float, after: float) -> dict:
+    """A node's clock against the controller's.
+
+    ``date_time``: the node's ``ansible_date_time`` fact (``epoch_int`` + ``iso8601_micro``, UTC);
+    ``before``/``after``: the controller's epoch seconds just before and after the node read its
+    clock. Returns ``{offset_s, uncertainty_s, beyond_s}``: the offset of the node from the middle
+    of that interval (+ = node ahead), half the interval, and by how much the node's time lies
+    outside the interval at least (0 when inside: no skew can be shown).
+    """
+    stamp = datetime.strptime(date_time["iso8601_micro"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    node = stamp.timestamp()
+    before, after = float(before), float(after)
+    beyond = max(node - after, before - node, 0.0)
+    return {"offset_s": round(node - (before + after) / 2, 3),
+            "uncertainty_s": round((after - before) / 2, 3), "beyond_s": round(beyond, 3)}
+
+
+def unit_launch(show: str) -> dict:
+    """What the node's last agent launch passed, from ``systemctl show UNIT -p
+    LoadState,ExecStart,Environment``: ``{loaded, local_addr, rdzv_endpoint, gloo_socket_ifname}``.
+
+    ``ExecStart`` reads ``{ path=... ; argv[]=python -m ddplab.agent --nnodes 1:3 ... ; ... }``;
+    ``Environment`` is space-separated ``KEY=VALUE`` words. Values not passed are None.
+    """
+    props: dict[str, str] = {}
+    for line in (show or "").splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            props[key] = value
+    argv: list[str] = []
+    match = re.search(r"argv\[\]=(.*?) ;", props.get("ExecStart", ""))
+    if match:
+        try:
+            argv = shlex.split(match.group(1))
+        except ValueError:
+            argv = match.group(1).split()
+
+    def flag(name: str):
+        for i, word in enumerate(argv):
+            if word == name and i + 1 < len(argv):
+                return argv[i + 1]
+            if word.startswith(name + "="):
+                return word.split("=", 1)[1]
+        return None
+
+    env = {}
+    for word in shlex.split(props.get("Environment", "") or ""):
+        key, _, value = word.partition("=")
+        env[key] = value
+    return {"loaded": props.get("LoadState") == "loaded" and bool(argv),
+            "local_addr": flag("--local-addr") or flag("--local_addr"),
+            "rdzv_endpoint": flag("--rdzv-endpoint") or flag("--rdzv_endpoint"),
+            "gloo_socket_ifname": env.get("GLOO_SOCKET_IFNAME")}
+
+
+def check_table(results: list, title: str) -> str:
+    """The doctor's table of one node: ``check | status | detail`` (statuses upper-case)."""
+    rows = [("check", "status", "detail")]
+    for r in results or []:
+        detail = " ".join(str(r.get("detail", "")).split())
+        rows.append((str(r.get("check", "")), str(r.get("status", "")).upper(), detail))
+    width_check = max(len(r[0]) for r in rows)
+    width_status = max(len(r[1]) for r in rows)
+    lines = [f"== {title} =="]
+    for check, status, detail in rows:
+        lines.append(f"{check:<{width_check}} | {status:<{width_status}} | {detail}")
+    return "\n".join(lines)
+
+
+def range_problems(values: dict, rules: list, skip: list | None = None) -> list[str]:
+    """Range violations, one text each: ``"ddp_job_stop_timeout_s = 0 must be > 0"``.
+
+    ``values``: ``{name: value}``; ``rules``: ``[{name, min?, above?, max?, why?}]`` (``min``/``max``
+    inclusive, ``above`` exclusive, ``why`` appended in parentheses); names missing from ``values``
+    or listed in ``skip`` (e.g. those that already failed their type check) are left out. A value
+    that is not a number is reported as such.
+    """
+    out = []
+    for rule in rules:
+        name = rule["name"]
+        if name not in values or name in (skip or []) or values[name] is None:
+            continue
+        value = values[name]
+        try:
+            if isinstance(value, bool):
+                raise ValueError
+            number = float(value)
+        except (TypeError, ValueError):
+            out.append(f"{name} = {value!r} is not a number")
+            continue
+        limits = []
+        if "min" in rule:
+            limits.append((number >= rule["min"], f">= {rule['min']}"))
+        if "above" in rule:
+            limits.append((number > rule["above"], f"> {rule['above']}"))
+        if "max" in rule:
+            limits.append((number <= rule["max"], f"<= {rule['max']}"))
+        if not all(ok for ok, _ in limits):
+            why = f" ({rule['why']})" if rule.get("why") else ""
+            out.append(f"{name} = {value} must be {' and '.join(text for _, text in limits)}{why}")
+    return out
+
+
+def path_chain(path: str) -> list[str]:
+    """``/var/lib/ddp-lab`` -> ``["/var/lib/ddp-lab", "/var/lib", "/var", "/"]`` (absolute paths)."""
+    current = Path(str(path))
+    chain = [str(current)]
+    while current.parent != current:
+        current = current.parent
+        chain.append(str(current))
+    return chain
+
+
+def odd_ones(values: dict, prefer=None) -> dict:
+    """The most common value of ``{host: value}`` and the hosts that differ from it.
+
+    None values are ignored. Ties go to ``prefer`` when it is among them, else to the value seen
+    first. Returns ``{reference, odd: [hosts]}`` (reference None when every value is None).
+    """
+    counts: dict = {}
+    for value in values.values():
+        if value is not None:
+            counts[value] = counts.get(value, 0) + 1
+    if not counts:
+        return {"reference": None, "odd": []}
+    best = max(counts.values())
+    tied = [v for v, c in counts.items() if c == best]
+    reference = prefer if prefer in tied else tied[0]
+    return {"reference": reference, "odd": [h for h, v in values.items() if v is not None and v != reference]}
+
+
 class FilterModule:
     """Ansible filter plugin entry point."""
 
     def filters(self) -> dict:
-        return {"shared_values": shared_values, "connection_targets": connection_targets}
+        return {
+            "shared_values": shared_values,
+            "connection_targets": connection_targets,
+            "validate_sharing_keys": sharing_keys,
+            "validate_is_loopback": is_loopback,
+            "validate_is_ipv4": is_ipv4,
+            "validate_loopbacks": loopbacks,
+            "validate_spec_options": spec_options,
+            "validate_arg_records": arg_records,
+            "validate_records": records,
+            "validate_train_config_error": train_config_error,
+            "validate_route": route_info,
+            "validate_df": df_avail,
+            "validate_lock_holders": lock_holders,
+            "validate_clock": clock_offset,
+            "validate_unit_launch": unit_launch,
+            "validate_table": check_table,
+            "validate_range_problems": range_problems,
+            "validate_path_chain": path_chain,
+            "validate_odd_ones": odd_ones,
+        }

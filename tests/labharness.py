@@ -1,0 +1,280 @@
+"""Shared harness of the bad-input matrices (tests/test_bad_input_provision.py,
+tests/test_bad_input_preflight.py): find the nodes to run against, run playbooks, read the recap
+and the failure lines, and prove that nothing on the nodes changed.
+
+Where the node tests run, first match wins:
+
+1. ``DDP_LAB_TEST_INVENTORY``: an inventory folder or file of your own podman containers (trainers
+   reached with the ``containers.podman.podman`` connection, one host in ``rendezvous``).
+2. ``MOLECULE_INVENTORY_FILE`` (set by ``molecule verify``): the scenario's containers. This is how
+   CI runs the matrices: the ``default`` scenario lists both files in its verifier's
+   ``additional_files_or_dirs``.
+3. The built-in lab (``inventory/lab/hosts.yml``, written by ``make lab-up``).
+
+Without any of them the node tests skip, saying why; the controller-side cases of the preflight
+matrix need no node and always run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BINDIR = Path(sys.executable).parent
+PLAY_TIMEOUT_S = 1800
+AGENT_UNIT = yaml.safe_load((REPO / "roles/ddp_job/defaults/main.yml").read_text())["ddp_job_unit"]
+RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
+ERROR = re.compile(r"^\[ERROR\]: Task failed: Action failed: (.*)$", re.M)
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclass
+class Lab:
+    """Where the tests run: an inventory, its trainers and their containers."""
+
+    inventory: str
+    trainers: list[str]
+    hostvars: dict[str, dict]
+    rendezvous: list[str]
+    containers: dict[str, str]
+    env: dict[str, str]
+
+
+def ansible_env() -> dict[str, str]:
+    """The environment for ansible-playbook: this venv first on PATH, the project's ansible.cfg
+    (unless molecule set its own), and the podman settings the lab detected."""
+    env = dict(os.environ)
+    if not env.get("MOLECULE_INVENTORY_FILE"):
+        env["ANSIBLE_CONFIG"] = str(REPO / "ansible.cfg")
+    conf = REPO / "lab" / ".state" / "containers.conf"
+    if conf.is_file():
+        env.setdefault("CONTAINERS_CONF", str(conf))
+    env["PATH"] = f"{BINDIR}{os.pathsep}{env.get('PATH', '')}"
+    # Plain text to parse (molecule forces colours for its own output).
+    env["ANSIBLE_FORCE_COLOR"] = "0"
+    env["ANSIBLE_NOCOLOR"] = "1"
+    return env
+
+
+def lab_or_skip() -> Lab:
+    """The nodes to test against (see the module docstring), or ``pytest.skip`` saying why."""
+    env = ansible_env()
+    if env.get("DDP_LAB_TEST_INVENTORY"):
+        inventory = env["DDP_LAB_TEST_INVENTORY"]
+    elif env.get("MOLECULE_INVENTORY_FILE"):
+        inventory = str(Path(env["MOLECULE_INVENTORY_FILE"]).parent)
+    else:
+        inventory = str(REPO / "inventory" / "lab")
+        if not (REPO / "inventory" / "lab" / "hosts.yml").is_file():
+            pytest.skip(
+                "no nodes to test against: the lab is not up (no inventory/lab/hosts.yml; `make lab-up`) "
+                "and neither DDP_LAB_TEST_INVENTORY nor MOLECULE_INVENTORY_FILE is set; CI runs these "
+                "cases in `molecule verify` of the default scenario"
+            )
+    if shutil.which("podman") is None:
+        pytest.skip("podman is not installed: the lab needs it (`make deps`)")
+    listing = subprocess.run(
+        [str(BINDIR / "ansible-inventory"), "-i", inventory, "--list"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    data = json.loads(listing.stdout)
+    trainers = data.get("trainers", {}).get("hosts", [])
+    hostvars = data.get("_meta", {}).get("hostvars", {})
+    containers = {h: hostvars.get(h, {}).get("ansible_host", h) for h in trainers}
+    for host, name in containers.items():
+        running = subprocess.run(
+            ["podman", "container", "inspect", "--format", "{{.State.Running}}", name],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if running.stdout.strip() != "true":
+            pytest.skip(f"the nodes are not up ({host}: container {name} is not running): run `make lab-up`")
+        # Busy as ddp_job sees it: the agent unit is up and not merely remaining after its exit.
+        show = subprocess.run(
+            ["podman", "exec", name, "systemctl", "show", AGENT_UNIT, "-p", "ActiveState", "-p", "SubState"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        unit = dict(line.split("=", 1) for line in show.stdout.splitlines() if "=" in line)
+        if (
+            unit.get("ActiveState") in ("active", "activating", "deactivating")
+            and unit.get("SubState") != "exited"
+        ):
+            pytest.skip(
+                f"{host} runs a training job ({AGENT_UNIT} is {unit.get('SubState')}): these tests "
+                "change the nodes for a moment; run them when the cluster is idle"
+            )
+    rendezvous = data.get("rendezvous", {}).get("hosts", [])
+    return Lab(inventory, trainers, hostvars, rendezvous, containers, env)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block SIGTERM raises KeyboardInterrupt, so that the ``finally`` clauses that undo
+    changes on the nodes run even when the test run is terminated."""
+
+    def interrupt(_signum, _frame):
+        raise KeyboardInterrupt("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def node_exec(
+    lab: Lab, host: str, *cmd: str, stdin: str | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
+    """Run a command in a trainer's container (as root), capturing its output."""
+    return subprocess.run(
+        ["podman", "exec", "-i", lab.containers[host], *cmd],
+        env=lab.env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+    )
+
+
+def run_playbooks(
+    env: dict[str, str], inventory: str, playbooks: list[str], *args: str, timeout: float = PLAY_TIMEOUT_S
+) -> tuple[int, str]:
+    """``ansible-playbook -i inventory playbooks... args...`` from the repository: (rc, stdout+stderr)."""
+    proc = subprocess.run(
+        ["ansible-playbook", "-i", inventory, *playbooks, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+        cwd=REPO,
+    )
+    return proc.returncode, ANSI.sub("", proc.stdout + proc.stderr)
+
+
+def run_playbooks_watching(
+    env: dict[str, str],
+    inventory: str,
+    playbooks: list[str],
+    *args: str,
+    on_line=None,
+    timeout: float = PLAY_TIMEOUT_S,
+) -> tuple[int, str]:
+    """Like :func:`run_playbooks`, calling ``on_line(line)`` for every output line as it comes
+    (e.g. to release a lock once the play says it waits for it)."""
+    lines: list[str] = []
+    with subprocess.Popen(
+        ["ansible-playbook", "-i", inventory, *playbooks, *args],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as proc:
+        deadline = time.monotonic() + timeout
+        for line in proc.stdout:
+            lines.append(line)
+            if on_line is not None:
+                on_line(ANSI.sub("", line))
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise TimeoutError(f"ansible-playbook ran longer than {timeout} s")
+        rc = proc.wait()
+    return rc, ANSI.sub("", "".join(lines))
+
+
+def recap(output: str) -> dict[str, dict[str, int]]:
+    """The last PLAY RECAP of an ansible-playbook run: {host: {ok, changed, unreachable, failed}}."""
+    table = output.rsplit("PLAY RECAP", 1)[-1]
+    return {
+        m[0]: dict(zip(("ok", "changed", "unreachable", "failed"), map(int, m[1:]), strict=True))
+        for m in RECAP.findall(table)
+    }
+
+
+def errors(output: str) -> list[str]:
+    """The failure messages Ansible printed, one per failure (echoed for `pytest -s`)."""
+    found = ERROR.findall(output)
+    for line in found:
+        print(f"bad input -> {line}")
+    return found
+
+
+def assert_unchanged(output: str) -> None:
+    """The run's recap lists hosts and shows changed=0 on every one."""
+    table = recap(output)
+    assert table, output[-3000:]
+    assert all(r["changed"] == 0 for r in table.values()), table
+
+
+def assert_stopped_before_changes(
+    rc: int, output: str, trainers: list[str] | None = None, contacted: bool = True
+) -> None:
+    """The run failed and changed nothing on any host (recap changed=0). With ``trainers``: each
+    of them ran at least one task (``contacted``) or none (the run stopped on the controller)."""
+    assert rc != 0, output[-3000:]
+    assert_unchanged(output)
+    table = recap(output)
+    for host in trainers or []:
+        assert (host in table) == contacted, (host, table)
+
+
+@contextlib.contextmanager
+def nodes_untouched(lab: Lab, marker: str) -> Iterator[None]:
+    """Remove ``marker`` (a file the provisioning always (re)creates early in its apply phase) on
+    every trainer; after the block it must still be absent. Restores it."""
+    saved = {h: node_exec(lab, h, "cat", marker) for h in lab.trainers}
+    for host in lab.trainers:
+        node_exec(lab, host, "rm", "-f", marker)
+    try:
+        yield
+        for host in lab.trainers:
+            assert node_exec(lab, host, "test", "-e", marker).returncode != 0, (
+                f"{host}: the provisioning went on to change the node ({marker} was written)"
+            )
+    finally:
+        for host, old in saved.items():
+            if old.returncode == 0:
+                node_exec(lab, host, "sh", "-c", f"cat > {marker}", stdin=old.stdout)
+
+
+def write_inventory(
+    lab: Lab,
+    path: Path,
+    extra_hostvars: dict | None = None,
+    keep_rendezvous: bool = True,
+    rendezvous_vars: dict | None = None,
+) -> str:
+    """A copy of the inventory (vars resolved by ansible-inventory) at ``path``, optionally changed:
+    ``extra_hostvars`` ``{host: {var: value}}`` for trainers, ``rendezvous_vars`` for the rendezvous host."""
+    hosts = {h: {**lab.hostvars.get(h, {}), **(extra_hostvars or {}).get(h, {})} for h in lab.trainers}
+    children: dict = {"trainers": {"hosts": hosts}}
+    if keep_rendezvous:
+        children["rendezvous"] = {
+            "hosts": {h: {**lab.hostvars.get(h, {}), **(rendezvous_vars or {})} for h in lab.rendezvous}
+        }
+    path.write_text(yaml.safe_dump({"all": {"children": children}}, sort_keys=False))
+    return str(path)
