@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import ipaddress
 import json
 import os
 import re
@@ -897,3 +898,129 @@ def test_healthy_cluster_doctor_prints_ok_tables(lab, tmp_path: Path):
         statuses = {check: status for check, (status, _) in tables[host].items()}
         assert set(statuses.values()) <= {"OK", "SKIP"}, (host, statuses)
     assert "doctor: 0 host(s) with problems" in out
+
+
+# --------------------------------------------------------------------------- least privilege: ufw
+
+
+def _firewall_filters():
+    path = REPO / "roles" / "firewall" / "filter_plugins" / "firewall.py"
+    spec = importlib.util.spec_from_file_location("firewall_filters", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_firewall_subnet_and_ufw_state_from_facts():
+    fw = _firewall_filters()
+    facts = {
+        "interfaces": ["lo", "enp3s0", "wlp2s0"],
+        "lo": {"ipv4": {"address": "127.0.0.1", "netmask": "255.0.0.0"}},
+        "enp3s0": {
+            "ipv4": {"address": "192.168.50.11", "netmask": "255.255.255.0"},
+            "ipv4_secondaries": [{"address": "10.0.0.5", "netmask": "255.255.0.0"}],
+        },
+        "wlp2s0": {},
+    }
+    assert fw.subnet_of(facts, "192.168.50.11") == "192.168.50.0/24"
+    assert fw.subnet_of(facts, "10.0.0.5") == "10.0.0.0/16"
+    with pytest.raises(ValueError):
+        fw.subnet_of(facts, "192.0.2.1")
+    assert fw.ufw_enabled("# comment\nENABLED=yes\nLOGLEVEL=low\n") is True
+    assert fw.ufw_enabled("ENABLED=no\n") is False
+    assert fw.ufw_enabled("") is False
+
+
+FIREWALL_PLAY = [
+    {
+        "name": "Firewall (the provisioning's order: the gloo address first)",
+        "hosts": "trainers",
+        "gather_facts": False,
+        "tasks": [
+            {
+                "name": "Find the gloo interface",
+                "ansible.builtin.include_role": {"name": "wired_network", "tasks_from": "discover"},
+            },
+            {"name": "Open the ports", "ansible.builtin.include_role": {"name": "firewall"}},
+        ],
+    }
+]
+
+
+def _can_connect(lab: Lab, src: str, address: str, port: int) -> str:
+    """From node ``src``: 'refused' (the packet got through), 'timeout' (dropped) or 'connected'."""
+    probe = (
+        "import socket\ntry:\n"
+        f"    socket.create_connection(({address!r}, {port}), timeout=3).close(); print('connected')\n"
+        "except ConnectionRefusedError:\n    print('refused')\nexcept OSError:\n    print('timeout')\n"
+    )
+    return node_exec(lab, src, "python3", "-c", probe).stdout.strip()
+
+
+def test_firewall_without_ufw_enabled_changes_nothing(lab, tmp_path: Path):
+    """ufw absent or disabled (every lab node): the role says so and changes nothing."""
+    play = tmp_path / "firewall.yml"
+    play.write_text(yaml.safe_dump(FIREWALL_PLAY, sort_keys=False))
+    rc, out = run_playbooks(lab.env, lab.inventory, [str(play)])
+    assert rc == 0, out[-3000:]
+    assert_unchanged(out)
+    for host in lab.trainers:
+        installed = node_exec(lab, host, "test", "-e", "/etc/ufw/ufw.conf").returncode == 0
+        why = "ufw is installed but not enabled" if installed else "ufw is not installed"
+        assert f'"msg": "{host}: {why}: nothing to open"' in out, out[-3000:]
+
+
+def test_firewall_opens_only_the_cluster_subnet_when_ufw_is_enabled(lab, tmp_path: Path):
+    """One node turns ufw on (default deny incoming): the check mode changes nothing, the role
+    then allows TCP from the cluster's subnet only (a peer gets through again), a second run
+    changes nothing; as the rendezvous host it opens the store's port only."""
+    target, peer = lab.trainers[-1], lab.trainers[0]
+    if node_exec(lab, target, "test", "-x", "/usr/sbin/ufw").returncode != 0:
+        pytest.skip(f"{target} has no ufw: the node image predates it (rebuild: make image)")
+    address = node_exec(lab, target, "sh", "-c", "ip -4 -o route get 192.0.2.1").stdout
+    address = re.search(r"\bsrc\s+(\S+)", address).group(1)
+    play = tmp_path / "firewall.yml"
+    play.write_text(yaml.safe_dump(FIREWALL_PLAY, sort_keys=False))
+    port = 5555
+    with sigterm_as_interrupt():
+        try:
+            _sh(
+                lab,
+                target,
+                "ufw --force reset >/dev/null && ufw default deny incoming >/dev/null && ufw --force enable",
+            )
+            assert _can_connect(lab, peer, address, port) == "timeout"
+            rc, out = run_playbooks(lab.env, lab.inventory, [str(play)], "--limit", target, "--check")
+            assert rc == 0 and recap(out)[target]["changed"] == 1, out[-3000:]
+            assert "ddp-lab" not in node_exec(lab, target, "ufw", "status").stdout
+            rc, out = run_playbooks(lab.env, lab.inventory, [str(play)], "--limit", target)
+            assert rc == 0 and recap(out)[target]["changed"] == 1, out[-3000:]
+            status = node_exec(lab, target, "ufw", "status").stdout
+            subnet = re.search(r"ALLOW\s+(\d+\.\d+\.\d+\.\d+/\d+)/tcp\s+# ddp-lab trainers", status)
+            assert subnet and ipaddress.ip_address(address) in ipaddress.ip_network(subnet.group(1)), status
+            assert _can_connect(lab, peer, address, port) == "refused"
+            rc, out = run_playbooks(lab.env, lab.inventory, [str(play)], "--limit", target)
+            assert rc == 0 and recap(out)[target]["changed"] == 0, out[-3000:]
+            _sh(
+                lab,
+                target,
+                "ufw --force reset >/dev/null && ufw default deny incoming >/dev/null && ufw --force enable",
+            )
+            rc, out = run_playbooks(
+                lab.env,
+                lab.inventory,
+                [str(play)],
+                "--limit",
+                target,
+                "-e",
+                json.dumps(
+                    {"firewall_open": "rendezvous", "firewall_address": address, "rendezvous_port": 29555}
+                ),
+            )
+            assert rc == 0 and recap(out)[target]["changed"] == 1, out[-3000:]
+            status = node_exec(lab, target, "ufw", "status").stdout
+            assert re.search(r"29555/tcp\s+ALLOW\s+\S+\s+# ddp-lab rendezvous", status), status
+            assert "# ddp-lab trainers" not in status
+            assert _can_connect(lab, peer, address, port) == "timeout"
+        finally:
+            _sh(lab, target, "ufw --force reset >/dev/null; ufw --force disable", check=False)
