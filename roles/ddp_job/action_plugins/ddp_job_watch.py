@@ -68,7 +68,7 @@ class ActionModule(ActionBase):
             except Exception as exc:  # noqa: BLE001 - a node that vanished is an outcome, not a crash
                 errors += 1
                 display.display(f"{args['label']:<12} cannot read progress ({errors}/{args['max_errors']}): "
-                                f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+                                f"{(str(exc).splitlines() or [type(exc).__name__])[0][:160]}",
                                 color="yellow")
                 if errors >= args["max_errors"]:
                     state = "unreachable"
