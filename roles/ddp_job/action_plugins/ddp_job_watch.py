@@ -39,10 +39,22 @@ class ActionModule(ActionBase):
     _requires_connection = True
 
     def _poll(self, args: dict, task_vars: dict) -> dict:
-        argv = [args["python"], "-m", "ddplab.summary", "progress", "--out-dir", args["out_dir"],
-                "--unit", args["unit"], "--host", args["label"], "--json"]
-        res = self._execute_module(module_name="ansible.builtin.command", module_args={"argv": argv},
-                                   task_vars=task_vars)
+        argv = [
+            args["python"],
+            "-m",
+            "ddplab.summary",
+            "progress",
+            "--out-dir",
+            args["out_dir"],
+            "--unit",
+            args["unit"],
+            "--host",
+            args["label"],
+            "--json",
+        ]
+        res = self._execute_module(
+            module_name="ansible.builtin.command", module_args={"argv": argv}, task_vars=task_vars
+        )
         if res.get("unreachable"):
             raise AnsibleError(res.get("msg", "unreachable"))
         if res.get("failed") or res.get("rc", 1) != 0:
@@ -67,9 +79,11 @@ class ActionModule(ActionBase):
                 display.display(last["line"])
             except Exception as exc:  # noqa: BLE001 - a node that vanished is an outcome, not a crash
                 errors += 1
-                display.display(f"{args['label']:<12} cannot read progress ({errors}/{args['max_errors']}): "
-                                f"{(str(exc).splitlines() or [type(exc).__name__])[0][:160]}",
-                                color="yellow")
+                display.display(
+                    f"{args['label']:<12} cannot read progress ({errors}/{args['max_errors']}): "
+                    f"{(str(exc).splitlines() or [type(exc).__name__])[0][:160]}",
+                    color="yellow",
+                )
                 if errors >= args["max_errors"]:
                     state = "unreachable"
                     break
@@ -79,13 +93,15 @@ class ActionModule(ActionBase):
                 state = "timeout"
                 break
             time.sleep(args["interval_s"])
-        result.update({
-            "changed": False,
-            "state": state,
-            "polls": polls,
-            "elapsed_s": round(time.monotonic() - start, 1),
-            "progress": (last or {}).get("progress", {}),
-            "unit": (last or {}).get("unit", {}),
-            "line": (last or {}).get("line", ""),
-        })
+        result.update(
+            {
+                "changed": False,
+                "state": state,
+                "polls": polls,
+                "elapsed_s": round(time.monotonic() - start, 1),
+                "progress": (last or {}).get("progress", {}),
+                "unit": (last or {}).get("unit", {}),
+                "line": (last or {}).get("line", ""),
+            }
+        )
         return result
