@@ -215,3 +215,13 @@ def test_one_low_link_that_is_not_slow_does_not_set_the_model(tmp_path, capsys):
     ar = json.loads((bench / "allreduce.json").read_text())
     assert {r["link_bytes_per_s"] for r in ar} == {GOOD}
     assert {r["link_source"] for r in ar} == {"the median measured link"}
+
+
+def test_superlinear_speedup_is_called_out(tmp_path, capsys):
+    bench = make_bench(tmp_path)
+    import shutil
+    shutil.rmtree(bench / "rounds" / "bench-x-train-n1")
+    _train_run(bench / "rounds", 1, 0.40, 0.0)  # the 1-node run met a busier machine
+    assert bench_report.main([str(bench)]) == 0
+    out = capsys.readouterr().out
+    assert "Efficiency above 100 % at N=2" in out and "not comparable" in out

@@ -393,6 +393,13 @@ def environment_notes(bench: Bench, rows: Sequence[ScalingRow]) -> list[str]:
                      "speedup there is bounded by the shared CPU, not by the network; compare "
                      "model* (the model with that compute) rather than the model.")
         notes.append(text)
+    superlinear = [r for r in rows if r.efficiency is not None and r.efficiency > 1.05]
+    if superlinear:
+        r = superlinear[0]
+        notes.append(f"Efficiency above 100 % at N={r.world_size} ({r.efficiency:.0%}): the 1-node run was "
+                     "slower per rank than this one, so something other than N changed between the runs "
+                     "(they run minutes apart: other load on the machine, CPU clock); these speedups are "
+                     "not comparable. Run the bench again on an idle cluster.")
     loads = [(h, v["loadavg"][0], count_cpus(v) or 1) for h, v in nodes.items()
              if isinstance(v, dict) and isinstance(v.get("loadavg"), list) and v["loadavg"]]
     if loads:
@@ -427,7 +434,7 @@ def plot_allreduce(rows: Sequence[Record], out: Path) -> None:
         ax.set_xticks(sizes, [f"{v:g}" for v in sizes])
         ax.minorticks_off()
         ax.set_xlabel("all-reduce size D, MB")
-        ax.legend(fontsize=8, loc="upper left" if ax is ax1 else "lower right")
+        ax.legend(fontsize=8, loc="upper left" if ax is ax1 else "best")
     ax1.set_yscale("log")
     ax1.set_ylabel("seconds (median)")
     ax1.set_title("All-reduce time: measured vs ring model", loc="left")
