@@ -63,10 +63,11 @@ test: deps venv image ## everything CI runs: unit tests, linters, molecule scena
 test-unit: venv ## Python unit tests and the bad-input matrix
 	pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$rc
 
+# ruff: every Python file of the project (roles' plugins and modules, benchmarks, molecule verifiers).
 lint: venv ## ansible-lint (production profile), yamllint, ruff
 	yamllint -s .
 	ansible-lint
-	ruff check train tests lab
+	ruff check .
 
 molecule: venv image ## run the multi-node molecule scenarios ($(SCENARIOS))
 	set -e; for s in $(SCENARIOS); do \

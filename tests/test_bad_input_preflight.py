@@ -77,6 +77,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _not_twice() -> None:
+    """Cases that need no node run in ``make test-unit``; ``molecule verify`` (which lists this file
+    for its node cases) need not repeat them."""
+    if os.environ.get("MOLECULE_INVENTORY_FILE"):
+        pytest.skip("needs no node: run by `make test-unit`; molecule verify runs the node cases")
+
+
 # --------------------------------------------------------------------------- filters
 
 
@@ -199,6 +206,7 @@ def test_launch_passes_explicit_addresses(tmp_path: Path):
     """ddp_job's systemd-run + torchrun argv (rendered by Ansible from the role's own defaults and
     vars) passes --local-addr, GLOO_SOCKET_IFNAME and an IP rendezvous endpoint, runs as the
     unprivileged user and with a umask that keeps the run's files private."""
+    _not_twice()
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(
         yaml.safe_dump(
@@ -271,6 +279,7 @@ def controller_case(tmp_path: Path):
     """Write a temporary inventory (three TEST-NET trainers that are never contacted, the
     controller as rendezvous host on a free port with its own store state folder) and run
     validate.yml on it with ``validate_node_checks=false``. Returns ``run(inventory_changes, *args)``."""
+    _not_twice()
 
     def run(trainers: dict | None = None, rendezvous: dict | None = None, *args: str) -> tuple[int, str, str]:
         hosts = (
