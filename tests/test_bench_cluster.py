@@ -25,8 +25,9 @@ def test_bad_arguments_before_any_collective(monkeypatch, capsys):
 
 def test_links_and_allreduce_at_two_and_three(tmp_path):
     out = tmp_path / "job"
-    proc = torchrun("ddplab.bench_cluster", "--out-dir", str(out), "--world-sizes", "2,3", "--max-bytes", "2e6",
-                    "--repeats", "2", "--links-bytes", "1e6", "--links-repeats", "1", "--rtt-repeats", "3",
+    proc = torchrun("ddplab.bench_cluster", "--out-dir", str(out), "--world-sizes", "2,3",
+                    "--max-bytes", "2e6", "--repeats", "2", "--links-bytes", "1e6",
+                    "--links-repeats", "1", "--rtt-repeats", "3",
                     nproc=3, timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     (links,) = [json.loads(line) for line in (out / "links.jsonl").read_text().splitlines()]
