@@ -5,7 +5,8 @@ and the failure lines, and prove that nothing on the nodes changed.
 Where the node tests run, first match wins:
 
 1. ``DDP_LAB_TEST_INVENTORY``: an inventory folder or file of your own podman containers (trainers
-   reached with the ``containers.podman.podman`` connection, one host in ``rendezvous``).
+   reached with the ``containers.podman.podman`` connection, one host in ``rendezvous``); ``none``
+   turns the node cases off (as in CI's ``make test-unit``, where no node is up).
 2. ``MOLECULE_INVENTORY_FILE`` (set by ``molecule verify``): the scenario's containers. This is how
    CI runs the matrices: the ``default`` scenario lists both files in its verifier's
    ``additional_files_or_dirs``.
@@ -73,6 +74,8 @@ def ansible_env() -> dict[str, str]:
 def lab_or_skip() -> Lab:
     """The nodes to test against (see the module docstring), or ``pytest.skip`` saying why."""
     env = ansible_env()
+    if env.get("DDP_LAB_TEST_INVENTORY") == "none":
+        pytest.skip("DDP_LAB_TEST_INVENTORY=none: the node cases are off")
     if env.get("DDP_LAB_TEST_INVENTORY"):
         inventory = env["DDP_LAB_TEST_INVENTORY"]
     elif env.get("MOLECULE_INVENTORY_FILE"):
