@@ -387,14 +387,71 @@ def test_port_held_by_another_program_and_corrupt_dataset(controller_case, tmp_p
     lines = errors(out)
     assert len(lines) == 2, lines
     assert lines[0].startswith(
-        f"controller: TCP port {port} is in use by another program (it accepts connections at 127.0.0.1)"
+        f"controller: TCP port {port} is in use by another program (it accepts connections at 127.0.0.1; "
     )
+    assert "pytest" in lines[0]  # the holder's command line: this very test process listens there
     assert "fix: stop that program or set rendezvous_port to a free port" in lines[0]
     assert lines[1].startswith(f"controller: the dataset {bad} has sha256 ")
     assert (
         "expected 86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed (ddp_job_dataset_sha256); "
         "fix: point ddp_job_dataset_src at an intact copy" in lines[1]
     )
+
+
+def test_port_held_by_a_store_this_checkout_does_not_manage(controller_case, tmp_path: Path):
+    """A ddp-lab store started from elsewhere (another state folder) holds the port: named as
+    such, with the command that stops it."""
+    port = _free_port()
+    elsewhere = tmp_path / "other-checkout-rdzv"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "train")}
+    base = [sys.executable, "-m", "ddplab.rdzv_store"]
+    started = subprocess.run(
+        [
+            *base,
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--state-dir",
+            str(elsewhere),
+            "--wait",
+            "90",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert started.returncode == 0, started.stdout + started.stderr
+    try:
+        rdzv = {
+            "controller": {
+                "ansible_connection": "local",
+                "ansible_python_interpreter": sys.executable,
+                "rendezvous_address": "192.0.2.10",
+                "rendezvous_port": port,
+                "rendezvous_state_dir": str(tmp_path / "rdzv"),
+            }
+        }
+        rc, out, _ = controller_case(None, rdzv)
+    finally:
+        subprocess.run(
+            [*base, "stop", "--port", str(port), "--state-dir", str(elsewhere)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert_stopped_before_changes(rc, out, ["t-a"], contacted=False)
+    (line,) = errors(out)
+    assert line.startswith(
+        f"controller: TCP port {port} is held by a ddp-lab store this checkout does not manage ("
+    )
+    assert f"state folder {elsewhere})" in line
+    assert f"fix: stop it (python -m ddplab.rdzv_store stop --port {port} --state-dir {elsewhere})" in line
 
 
 def test_missing_dataset(controller_case, tmp_path: Path):

@@ -6,6 +6,7 @@ unit-tested in tests/test_role_filters.py and tests/test_bad_input_preflight.py.
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import os
 import re
@@ -257,6 +258,19 @@ def unit_launch(show: str) -> dict:
             "gloo_socket_ifname": env.get("GLOO_SOCKET_IFNAME")}
 
 
+def proc_cmdline(content: str) -> str:
+    """A process's command line from the base64 ``slurp`` of ``/proc/PID/cmdline`` (NUL-separated),
+    as one line; "" when empty."""
+    raw = base64.b64decode(content or "")
+    return " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part)
+
+
+def proc_ppid(stat: str) -> int:
+    """The parent pid from the text of ``/proc/PID/stat`` (the field after the state, which
+    follows the parenthesised command name)."""
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
 def check_table(results: list, title: str) -> str:
     """The doctor's table of one node: ``check | status | detail`` (statuses upper-case)."""
     rows = [("check", "status", "detail")]
@@ -354,6 +368,8 @@ class FilterModule:
             "validate_clock": clock_offset,
             "validate_unit_launch": unit_launch,
             "validate_table": check_table,
+            "validate_proc_cmdline": proc_cmdline,
+            "validate_proc_ppid": proc_ppid,
             "validate_range_problems": range_problems,
             "validate_path_chain": path_chain,
             "validate_odd_ones": odd_ones,
