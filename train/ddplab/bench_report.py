@@ -375,8 +375,11 @@ def environment_notes(bench: Bench, rows: Sequence[ScalingRow]) -> list[str]:
     nodes = s.get("nodes") if isinstance(s.get("nodes"), dict) else {}
     rate = s.get("shape_rate_mbit")
     if rate:
+        burst = _num(s.get("shape_burst_bytes"))
         notes.append(f"Links shaped to {rate} Mbit/s: tbf on every node's egress (lab option "
-                     "bench_shape_rate_mbit), removed after the bench.")
+                     "bench_shape_rate_mbit), removed after the bench."
+                     + (f" A transfer within the tbf bucket ({burst / MB:.1f} MB) passes at the veth's own "
+                        "speed, so the smallest all-reduces can beat the link." if burst else ""))
     boots = {str(v.get("boot_id")) for v in nodes.values() if isinstance(v, dict) and v.get("boot_id")}
     if len(nodes) > 1 and len(boots) == 1:
         cpus = max((count_cpus(v) or 0 for v in nodes.values() if isinstance(v, dict)), default=0)
