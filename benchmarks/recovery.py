@@ -1,6 +1,6 @@
 """Elastic recovery figures on the cluster: how fast a node loss is survived, how many steps it costs.
 
-Launches a short run with site.yml (no watch, a step record every step), waits until the group
+Launches a run (playbooks/train.yml, no watch, a step record every step), waits until the group
 trains at full size, then for each planned fault runs ``kill-node.yml`` (node loss, then
 ``rejoin`` of the same node so that the next fault starts from full size again), and at the end
 stops the job, collects the run and prints one line per injection from ``summary.json``'s
@@ -9,9 +9,9 @@ steps_lost, world size before -> after, against the targets of docs/faults.md (t
 at world size N-1 within 10 s, 0 steps lost; rejoin back to N). Figures, not assertions: the exit
 status is 0 whenever every play ran, whatever the figures.
 
-Usage (controller, lab up and provisioned):
+Usage (controller, lab up and provisioned - or --launch site.yml):
   .venv/bin/python benchmarks/recovery.py [-i inventory/lab] [--plan kill-agent@rank0,poweroff@rank0]
-      [--steps 2000] [--preset tiny] [-e key=value ...]
+      [--preset small] [--runs-dir runs] [-e key=value ...]
 ``--plan``: comma-separated ``<mode>@<target>``, mode kill-agent | poweroff | kill-worker | freeze
 | partition; target ``rank<R>`` or an inventory host. kill-agent and poweroff are followed by a
 rejoin of the node. Extra ``-e`` values go to every playbook (e.g. ``ddp_job_rendezvous_port``).
@@ -106,8 +106,8 @@ def wait_full_size(inventory: str, run_id: str, nodes: int, min_step: int, timeo
     raise BenchError(f"the run did not train at world size {nodes} within {timeout_s:.0f} s")
 
 
-def current_run() -> str:
-    link = REPO / "runs/current"
+def current_run(runs: Path) -> str:
+    link = runs / "current"
     if not link.is_symlink():
         raise BenchError("runs/current does not exist after site.yml: did the launch fail?")
     return Path(os.readlink(link)).name
@@ -117,9 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("-i", "--inventory", default="inventory/lab")
     p.add_argument("--plan", default="kill-agent@rank0,poweroff@rank0,kill-agent@rank2,poweroff@rank1")
-    p.add_argument("--steps", type=int, default=3000, help="max_steps of the run (long enough for the plan)")
-    p.add_argument("--preset", default="tiny")
+    p.add_argument("--steps", type=int, default=100000,
+                   help="max_steps of the run: more than the plan needs (the run is stopped at the end)")
+    p.add_argument("--preset", default="small")
+    p.add_argument("--launch", default="playbooks/train.yml",
+                   help="playbook that launches the run (site.yml to validate and provision first)")
     p.add_argument("--nodes", type=int, default=3, help="trainers of the inventory")
+    p.add_argument("--runs-dir", type=Path, default=REPO / "runs",
+                   help="the controller's runs folder (ddp_job_runs_dir), default runs/")
     p.add_argument("-e", "--extra", action="append", default=[], help="extra var for every playbook")
     a = p.parse_args(argv)
     plan = []
@@ -132,16 +137,16 @@ def main(argv: list[str] | None = None) -> int:
     overrides = json.dumps({"ddp_job_train_overrides": {"log_interval": 1, "eval_interval": 10 ** 6,
                                                         "ckpt_interval": 50, "warmup_steps": 5}})
     try:
-        took = play(a.inventory, "site.yml", [*a.extra, "ddp_job_watch=false", f"ddp_job_preset={a.preset}",
+        took = play(a.inventory, a.launch, [*a.extra, "ddp_job_watch=false", f"ddp_job_preset={a.preset}",
                                                f"ddp_job_max_steps={a.steps}", overrides], "launch")
-        run_id = current_run()
+        run_id = current_run(a.runs_dir)
         print(f"run {run_id} launched in {took:.0f} s", flush=True)
         wait_full_size(a.inventory, run_id, a.nodes, 5, 600)
         for mode, target in plan:
             tgt = f"rank={target[4:]}" if target.startswith("rank") else f"node={target}"
             play(a.inventory, "kill-node.yml", [*a.extra, f"fault={mode}", tgt, f"run_id={run_id}"], mode)
             if mode in LOST_AFTER:
-                node = faults.injections(faults.load_events(REPO / "runs" / run_id))[-1].node
+                node = faults.injections(faults.load_events(a.runs_dir / run_id))[-1].node
                 back = [*a.extra, "fault=rejoin", f"node={node}", f"run_id={run_id}"]
                 play(a.inventory, "kill-node.yml", back, "rejoin")
             wait_full_size(a.inventory, run_id, a.nodes, 0, 300)
@@ -151,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
-    summary = json.loads((REPO / "runs" / run_id / "summary.json").read_text())
+    summary = json.loads((a.runs_dir / run_id / "summary.json").read_text())
     print(f"\nrecovery figures, run {run_id} (targets: training again at world size {a.nodes - 1} "
           f"within {TARGET_RECOVERY_S:.0f} s, 0 steps lost; rejoin back to {a.nodes})")
     print(f"{'mode':<12}{'node':<12}{'rank':>5}{'world':>8}{'detected_s':>12}{'recovered_s':>13}"
@@ -166,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{f['mode']:<12}{f['node']:<12}{fmt(f.get('rank')):>5}"
               f"{fmt(f.get('world_size_before')) + '->' + fmt(f.get('world_size_after')):>8}"
               f"{fmt(f.get('detected_s')):>12}{fmt(rec):>13}{fmt(lost):>12}  {'met' if met else 'missed'}")
-    print(f"\nsummary: runs/{run_id}/summary.json")
+    print(f"\nsummary: {a.runs_dir / run_id / 'summary.json'}")
     return 0
 
 
