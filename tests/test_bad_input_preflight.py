@@ -1090,3 +1090,28 @@ def test_firewall_opens_only_the_cluster_subnet_when_ufw_is_enabled(lab, tmp_pat
             assert _can_connect(lab, peer, address, port) == "timeout"
         finally:
             _sh(lab, target, "ufw --force reset >/dev/null; ufw --force disable", check=False)
+
+
+# --------------------------------------------------------------------------- least privilege: static
+
+
+def test_no_blanket_become_and_examples_keep_host_key_checking():
+    """No play and no config turns become on for everything (each task that needs root says so);
+    SSH host keys are checked; the example inventory holds no secrets."""
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "ansible.cfg")
+    assert cfg.getboolean("defaults", "host_key_checking") is True
+    assert not cfg.has_section("privilege_escalation") or not cfg.getboolean(
+        "privilege_escalation", "become", fallback=False
+    )
+    for path in sorted([*REPO.glob("*.yml"), *(REPO / "playbooks").glob("*.yml")]):
+        for play in yaml.safe_load(path.read_text()) or []:
+            assert "become" not in play, f"{path.name}: play {play.get('name')!r} sets become for every task"
+    secret = re.compile(r"(ansible_(ssh_)?pass(word)?|ansible_become_pass(word)?|\$ANSIBLE_VAULT)", re.I)
+    for path in (REPO / "inventory" / "laptops").rglob("*"):
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                code = line.split("#", 1)[0]
+                assert not secret.search(code), f"{path}: {line.strip()}"
