@@ -41,6 +41,9 @@ def _run(inventory: str, tmp_path: Path, *args: str) -> tuple[int, str]:
      "one of bench_links"),
     (["-e", "bench_id=../x"], "an id of letters, digits"),
     (["--limit", "t-a,t-b"], "--limit t-a,t-b would mix the stages' sizes"),
+    (["-e", '{"bench_scaling_train_overrides": {"n_head": 5}}'],
+     "config key 'n_embd' = 128: must be divisible by n_head = 5"),
+    (["-e", "bench_scaling_preset=huge"], "config key 'preset' = 'huge'"),
 ])
 def test_bad_input_stops_before_any_node(inventory, tmp_path, extra, expected):
     rc, out = _run(inventory, tmp_path, *extra)

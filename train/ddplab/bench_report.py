@@ -463,7 +463,9 @@ def plot_scaling(rows: Sequence[ScalingRow], out: Path) -> None:
             for n, v in pts if offset else []:
                 if n > 1:
                     ax.annotate(f"{v:.2f}x", (n, v), textcoords="offset points", xytext=offset, fontsize=9,
-                                color=color, fontweight="bold", ha="left" if offset[0] > 0 else "right")
+                                color=color, fontweight="bold", ha="left" if offset[0] > 0 else "right",
+                                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none",
+                                      "alpha": 0.85})
 
     line([r.seed_speedup for r in rows], "d-.", "tab:green", "seed: real laptops")
     line([r.model_here_speedup for r in rows], "^:", "tab:purple", "model* (compute measured at N)")
