@@ -53,6 +53,7 @@ class Lab:
     rendezvous: list[str]
     containers: dict[str, str]
     env: dict[str, str]
+    rendezvous_address: str
 
 
 def ansible_env() -> dict[str, str]:
@@ -129,7 +130,39 @@ def lab_or_skip() -> Lab:
                 "change the nodes for a moment; run them when the cluster is idle"
             )
     rendezvous = data.get("rendezvous", {}).get("hosts", [])
-    return Lab(inventory, trainers, hostvars, rendezvous, containers, env)
+    return Lab(
+        inventory,
+        trainers,
+        hostvars,
+        rendezvous,
+        containers,
+        env,
+        _rendered_var(env, inventory, rendezvous[0], "rendezvous_address") if rendezvous else "",
+    )
+
+
+def _rendered_var(env: dict[str, str], inventory: str, host: str, name: str) -> str:
+    """A host variable as plays see it (ansible-inventory prints templates unrendered, e.g. the
+    molecule inventory's lookup of its network's gateway)."""
+    done = subprocess.run(
+        [
+            str(BINDIR / "ansible"),
+            host,
+            "-i",
+            inventory,
+            "-o",
+            "-m",
+            "ansible.builtin.debug",
+            "-a",
+            f"var={name}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    return str(json.loads(done.stdout.split("=>", 1)[1])[name])
 
 
 @contextlib.contextmanager

@@ -424,8 +424,8 @@ def test_port_held_by_a_store_this_checkout_does_not_manage(controller_case, tmp
         timeout=180,
         check=False,
     )
-    assert started.returncode == 0, started.stdout + started.stderr
     try:
+        assert started.returncode == 0, started.stdout + started.stderr
         rdzv = {
             "controller": {
                 "ansible_connection": "local",
@@ -660,7 +660,7 @@ def _other_torch(lab: Lab, host: str) -> Iterator[str]:
 @contextlib.contextmanager
 def _store(lab: Lab, port: int, state_dir: Path) -> Iterator[None]:
     """A ddp-lab rendezvous store on the controller (ddplab.rdzv_store), stopped afterwards."""
-    address = lab.hostvars[lab.rendezvous[0]]["rendezvous_address"]
+    address = lab.rendezvous_address
     env = {**os.environ, "PYTHONPATH": str(REPO / "train")}
     base = [sys.executable, "-m", "ddplab.rdzv_store"]
     started = subprocess.run(
@@ -682,10 +682,10 @@ def _store(lab: Lab, port: int, state_dir: Path) -> Iterator[None]:
         timeout=180,
         check=False,
     )
-    assert started.returncode == 0, started.stdout + started.stderr
     try:
+        assert started.returncode == 0, started.stdout + started.stderr
         yield
-    finally:
+    finally:  # also when the start failed half-way: no supervisor is left behind
         subprocess.run(
             [*base, "stop", "--port", str(port), "--state-dir", str(state_dir)],
             env=env,
@@ -699,7 +699,7 @@ def _store(lab: Lab, port: int, state_dir: Path) -> Iterator[None]:
 @contextlib.contextmanager
 def _firewalled(lab: Lab, host: str, port: int) -> Iterator[None]:
     """The node rejects its own TCP connections to the store's port (a firewall in the way)."""
-    address = lab.hostvars[lab.rendezvous[0]]["rendezvous_address"]
+    address = lab.rendezvous_address
     rule = f"OUTPUT -p tcp -d {address} --dport {port} -j REJECT --reject-with tcp-reset"
     _sh(lab, host, f"iptables -I {rule}")
     try:
@@ -729,7 +729,7 @@ def _tables(out: str) -> dict[str, dict[str, tuple[str, str]]]:
     return tables
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def staged(lab: Lab, tmp_path_factory) -> Iterator[dict]:
     """Problems staged on the nodes for the runs below: node 0 names its interface '^lo', node 1
     reads its clock 120 s ahead, the last node has Ubuntu's 127.0.1.1 line and a process holding
@@ -783,111 +783,114 @@ def _line(staged: dict, host: str, prefix: str) -> str:
     return found[0]
 
 
-def test_interface_pattern_is_refused(staged):
-    line = _line(staged, staged["n0"], "wired_network_ifname '^lo' is not an interface of this node")
-    assert "GLOO_SOCKET_IFNAME takes interface names, not patterns like ^lo or eth*" in line
-    assert "fix: set it to the wired interface (" in line
+class TestStagedProblems:
+    """The cases that share the staged problems (undone when the class is done, before the cases
+    that need a clean cluster)."""
 
+    def test_interface_pattern_is_refused(self, staged):
+        line = _line(staged, staged["n0"], "wired_network_ifname '^lo' is not an interface of this node")
+        assert "GLOO_SOCKET_IFNAME takes interface names, not patterns like ^lo or eth*" in line
+        assert "fix: set it to the wired interface (" in line
 
-def test_clock_ahead_is_refused(staged):
-    line = _line(staged, staged["n1"], "its clock is ")
-    seconds = float(re.search(r"its clock is ([0-9.]+) s ahead of the controller's", line).group(1))
-    assert SKEW_S - 15 < seconds < SKEW_S + 15, line
-    assert "fix: turn on time sync on every node and the controller (sudo timedatectl set-ntp true)" in line
+    def test_clock_ahead_is_refused(self, staged):
+        line = _line(staged, staged["n1"], "its clock is ")
+        seconds = float(re.search(r"its clock is ([0-9.]+) s ahead of the controller's", line).group(1))
+        assert SKEW_S - 15 < seconds < SKEW_S + 15, line
+        assert (
+            "fix: turn on time sync on every node and the controller (sudo timedatectl set-ntp true)" in line
+        )
 
+    def test_disk_too_small_is_refused_on_every_node(self, staged, lab):
+        for host in lab.trainers:
+            line = _line(staged, host, "only ")
+            assert re.search(
+                r"MiB free on \S+, where the checkpoints go \(/var/lib/ddp-lab\), below "
+                r"validate_min_free_disk_mb=100000000; fix: free space there",
+                line,
+            ), line
 
-def test_disk_too_small_is_refused_on_every_node(staged, lab):
-    for host in lab.trainers:
-        line = _line(staged, host, "only ")
+    def test_dpkg_lock_waited_for_then_refused(self, staged):
+        out = staged["out"]
+        assert f"RETRYING: [{staged['nlast']}]: Wait for the lock holders to finish" in out
+        line = _line(staged, staged["nlast"], "apt/dpkg is busy: ")
         assert re.search(
-            r"MiB free on \S+, where the checkpoints go \(/var/lib/ddp-lab\), below "
-            r"validate_min_free_disk_mb=100000000; fix: free space there",
+            r"apt/dpkg is busy: unattended-upgr \(pid \d+\) holds /var/lib/dpkg/lock-frontend and did not "
+            r"finish within validate_dpkg_lock_wait_s=3 s; fix: let it finish",
             line,
         ), line
 
+    def test_loopback_hostname_is_a_warning_not_a_refusal(self, staged):
+        nlast = staged["nlast"]
+        assert not [e for e in staged["errors"] if "127.0.1.1" in e]
+        warnings = [
+            w for w in re.findall(r'"msg": "WARNING: (.*)"', staged["out"]) if w.startswith(f"{nlast}:")
+        ]
+        (warning,) = warnings
+        assert re.search(
+            r"its hostname \S+ resolves to 127\.0\.1\.1 \(loopback: the '127\.0\.1\.1 <hostname>' line",
+            warning,
+        )
+        assert re.search(
+            r"every launch passes explicit addresses, torchrun --local-addr [0-9.]+, GLOO_SOCKET_IFNAME=\S+ "
+            r"and --rdzv-endpoint [0-9.]+:\d+",
+            warning,
+        ), warning
+        assert "nothing to fix" in warning
 
-def test_dpkg_lock_waited_for_then_refused(staged):
-    out = staged["out"]
-    assert f"RETRYING: [{staged['nlast']}]: Wait for the lock holders to finish" in out
-    line = _line(staged, staged["nlast"], "apt/dpkg is busy: ")
-    assert re.search(
-        r"apt/dpkg is busy: unattended-upgr \(pid \d+\) holds /var/lib/dpkg/lock-frontend and did not "
-        r"finish within validate_dpkg_lock_wait_s=3 s; fix: let it finish",
-        line,
-    ), line
+    def test_no_other_problem_is_reported(self, staged, lab):
+        """Exactly the staged problems fail: one line each, nothing about the healthy checks."""
+        expected = 3 + len(lab.trainers)  # interface, clock, dpkg lock + disk on every node
+        assert len(staged["errors"]) == expected, staged["errors"]
 
-
-def test_loopback_hostname_is_a_warning_not_a_refusal(staged):
-    nlast = staged["nlast"]
-    assert not [e for e in staged["errors"] if "127.0.1.1" in e]
-    warnings = [w for w in re.findall(r'"msg": "WARNING: (.*)"', staged["out"]) if w.startswith(f"{nlast}:")]
-    (warning,) = warnings
-    assert re.search(
-        r"its hostname \S+ resolves to 127\.0\.1\.1 \(loopback: the '127\.0\.1\.1 <hostname>' line", warning
-    )
-    assert re.search(
-        r"every launch passes explicit addresses, torchrun --local-addr [0-9.]+, GLOO_SOCKET_IFNAME=\S+ "
-        r"and --rdzv-endpoint [0-9.]+:\d+",
-        warning,
-    ), warning
-    assert "nothing to fix" in warning
-
-
-def test_no_other_problem_is_reported(staged, lab):
-    """Exactly the staged problems fail: one line each, nothing about the healthy checks."""
-    expected = 3 + len(lab.trainers)  # interface, clock, dpkg lock + disk on every node
-    assert len(staged["errors"]) == expected, staged["errors"]
-
-
-def test_doctor_reports_every_check_on_every_node(staged, lab):
-    out = staged["doctor_out"]
-    assert staged["doctor_rc"] != 0
-    assert_unchanged(out)
-    tables = _tables(out)
-    assert set(tables) >= {"controller", *lab.trainers}, tables.keys()
-    node_checks = {
-        "reachable",
-        "types",
-        "ranges",
-        "rdzv_conf",
-        "nnodes",
-        "train_config",
-        "governor",
-        "torch_version",
-        "route",
-        "hosts_file",
-        "launch",
-        "clock",
-        "disk",
-        "versions",
-        "unique_address",
-        "unique_name",
-        "dpkg_lock",
-    }
-    for host in lab.trainers:
-        assert node_checks <= set(tables[host]), (host, tables[host])
-    assert {"trainers", "rendezvous", "rendezvous_address", "rendezvous_port", "dataset"} <= set(
-        tables["controller"]
-    )
-    n0, n1, nlast = staged["n0"], staged["n1"], staged["nlast"]
-    assert tables[n0]["interface"][0] == "FAIL"
-    assert tables[n1]["clock"][0] == "FAIL"
-    assert tables[nlast]["hosts_file"][0] == "WARN" and tables[nlast]["dpkg_lock"][0] == "WARN"
-    assert "(the provisioning waits up to 3 s for it)" in tables[nlast]["dpkg_lock"][1]
-    for host in lab.trainers:
-        assert tables[host]["disk"][0] == "FAIL"
-        for check in (
+    def test_doctor_reports_every_check_on_every_node(self, staged, lab):
+        out = staged["doctor_out"]
+        assert staged["doctor_rc"] != 0
+        assert_unchanged(out)
+        tables = _tables(out)
+        assert set(tables) >= {"controller", *lab.trainers}, tables.keys()
+        node_checks = {
             "reachable",
-            "route",
-            "versions",
-            "unique_address",
             "types",
             "ranges",
+            "rdzv_conf",
             "nnodes",
             "train_config",
-        ):
-            assert tables[host][check][0] == "OK", (host, check, tables[host][check])
-    assert re.search(r"doctor: checks failed on (\S+, )*\S+; the tables above name each problem", out)
+            "governor",
+            "torch_version",
+            "route",
+            "hosts_file",
+            "launch",
+            "clock",
+            "disk",
+            "versions",
+            "unique_address",
+            "unique_name",
+            "dpkg_lock",
+        }
+        for host in lab.trainers:
+            assert node_checks <= set(tables[host]), (host, tables[host])
+        assert {"trainers", "rendezvous", "rendezvous_address", "rendezvous_port", "dataset"} <= set(
+            tables["controller"]
+        )
+        n0, n1, nlast = staged["n0"], staged["n1"], staged["nlast"]
+        assert tables[n0]["interface"][0] == "FAIL"
+        assert tables[n1]["clock"][0] == "FAIL"
+        assert tables[nlast]["hosts_file"][0] == "WARN" and tables[nlast]["dpkg_lock"][0] == "WARN"
+        assert "(the provisioning waits up to 3 s for it)" in tables[nlast]["dpkg_lock"][1]
+        for host in lab.trainers:
+            assert tables[host]["disk"][0] == "FAIL"
+            for check in (
+                "reachable",
+                "route",
+                "versions",
+                "unique_address",
+                "types",
+                "ranges",
+                "nnodes",
+                "train_config",
+            ):
+                assert tables[host][check][0] == "OK", (host, check, tables[host][check])
+        assert re.search(r"doctor: checks failed on (\S+, )*\S+; the tables above name each problem", out)
 
 
 def test_torch_mismatch_and_unreachable_store_refused_for_training(lab, tmp_path: Path):
