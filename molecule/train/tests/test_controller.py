@@ -11,7 +11,7 @@ testinfra_hosts = ["controller"]
 
 PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[3]))
 RUNS = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "runs"
-TRAINERS = ["mol-laptop-a", "mol-laptop-b", "mol-laptop-c"]
+TRAINERS = [f"{os.environ.get('DDP_LAB_MOLECULE_NAME', 'mol')}-laptop-{x}" for x in "abc"]
 MAX_STEPS = 60
 RDZV_PORT = 29411
 
