@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import sys
 import time
@@ -61,6 +62,11 @@ class Run:
 
     def by_event(self, event: str) -> list[Record]:
         return [r for r in self.metrics if r.get("event") == event]
+
+
+def _first_set(*values: Any) -> Any:
+    """The first value that is not None (None when all are)."""
+    return next((v for v in values if v is not None), None)
 
 
 def _num(v: Any) -> float | None:
@@ -186,10 +192,27 @@ class Fault:
     outcome: str = ""
 
 
+_SOURCE_REF = re.compile(r"\[[^\]\s]*/[^\]\s]*:\d+\]\s*")
+
+
+def short_cause(text: str, limit: int = 160) -> str:
+    """A failure message cut to what a reader needs in a table cell.
+
+    Drops source references such as ``[/__w/pytorch/.../pair.cc:553]`` and gloo's boilerplate advice
+    ("This is typically caused by ..."), keeps characters of the Basic Multilingual Plane only (the
+    report's fonts have no emoji), and ends with "…" past ``limit`` characters.
+    """
+    t = _SOURCE_REF.sub("", str(text))
+    t = re.split(r"\.\s+This is typically caused", t, maxsplit=1)[0]
+    t = "".join(ch for ch in t if ord(ch) <= 0xFFFF)
+    t = " ".join(t.split())
+    return t if len(t) <= limit else t[: limit - 1].rstrip() + "…"
+
+
 def _outcome(f: dict[str, Any]) -> str:
     parts = [str(f["outcome"])] if f.get("outcome") else []
     if f.get("cause"):
-        parts.append(f"cause: {f['cause']}")
+        parts.append(f"cause: {short_cause(f['cause'])}")
     notes = f.get("notes")
     if isinstance(notes, list):
         parts += [str(n) for n in notes]
@@ -308,18 +331,49 @@ class TimeAxis:
         return (t - self.t0) / self.scale
 
 
-def _mark_faults_steps(ax, run: Run, fl: list[Fault], rs: list[Restart], y_text: float = 0.98) -> None:
-    for f in fl:
-        s = step_at(run, f.time)
-        if s is not None:
-            ax.axvline(s, color="crimson", lw=1.5, ls="-", alpha=0.8)
-            ax.text(s, y_text, f" {f.mode} {f.node}", color="crimson", transform=ax.get_xaxis_transform(),
-                    va="top", ha="left", fontsize=9, fontweight="bold")
-    for r in rs:
-        if not r.initial:
-            ax.axvline(r.step, color="darkorange", lw=1.2, ls="--")
-            ax.text(r.step, y_text - 0.1, f" restart N={r.world_size}\n from step {r.step}",
-                    color="darkorange", transform=ax.get_xaxis_transform(), va="top", ha="left", fontsize=8)
+def label_levels(xs: Sequence[float], widths: Sequence[float], levels: int = 3) -> list[int]:
+    """A text row (0 = top) for each marker label starting at ``xs`` and ``widths`` wide (both in data
+    units): the first row where the label does not run into the previous label of that row, else the
+    row whose previous label ends first. Returns one int per x, in the order given.
+    """
+    ends: list[float | None] = [None] * levels
+    out = [0] * len(xs)
+    for i in sorted(range(len(xs)), key=lambda k: xs[k]):
+        x = xs[i]
+        free = [lv for lv in range(levels) if ends[lv] is None or x >= ends[lv]]
+        lv = free[0] if free else min(range(levels), key=lambda k: ends[k])
+        out[i] = lv
+        ends[lv] = x + widths[i]
+    return out
+
+
+# width of one character of the marker labels, as a share of the axes' width (8.5 pt on an 11 in figure)
+_CHAR_SHARE = 0.008
+
+
+def _marker_labels(ax, marks: list[tuple[float, str, str, float]], span: float, y_top: float = 0.98,
+                   row: float = 0.085, first_row: int = 0, levels: int = 3) -> None:
+    """Vertical markers with labels staggered over rows so that neighbours do not overlap.
+
+    ``marks``: (x, text, colour, line width); ``span``: the x range shown, in data units; labels use
+    rows ``first_row`` .. ``first_row + levels - 1`` below ``y_top`` (axes fraction, ``row`` apart).
+    """
+    span = max(span, 1e-9)
+    rows = label_levels([m[0] for m in marks], [(len(m[1]) + 2) * _CHAR_SHARE * span for m in marks], levels)
+    for (x, text, colour, lw), lv in zip(marks, rows, strict=True):
+        ax.axvline(x, color=colour, lw=lw, ls="-" if colour == "crimson" else "--", alpha=0.85)
+        ax.text(x, y_top - (first_row + lv) * row, f" {text}", color=colour,
+                transform=ax.get_xaxis_transform(), va="top", ha="left", fontsize=8.5,
+                fontweight="bold" if colour == "crimson" else "normal",
+                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.7, "pad": 0.5})
+
+
+def _mark_faults_steps(ax, run: Run, fl: list[Fault], rs: list[Restart], span: float) -> None:
+    faults_at = [(s, f"{f.mode} {f.node}", "crimson", 1.5)
+                 for f in fl if (s := step_at(run, f.time)) is not None]
+    _marker_labels(ax, faults_at, span, levels=2)
+    restarts = [(r.step, f"N={r.world_size}", "darkorange", 1.2) for r in rs if not r.initial]
+    _marker_labels(ax, restarts, span, first_row=2, levels=2)
 
 
 def plot_loss(run: Run, fl: list[Fault], rs: list[Restart], out: Path) -> None:
@@ -330,7 +384,7 @@ def plot_loss(run: Run, fl: list[Fault], rs: list[Restart], out: Path) -> None:
     va = val_points(run)
     if va:
         ax.plot([s for s, _ in va], [v for _, v in va], "o-", color="tab:green", ms=5, label="val loss")
-    _mark_faults_steps(ax, run, fl, rs)
+    _mark_faults_steps(ax, run, fl, rs, span=max([s for s, _ in tr] + [1]))
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title("Loss per step (red: fault injected, orange: group restarted)", loc="left")
@@ -339,6 +393,23 @@ def plot_loss(run: Run, fl: list[Fault], rs: list[Restart], out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)
+
+
+def _break_gaps(pts: list[tuple[int, float]], factor: float = 5.0) -> tuple[list[float], list[float]]:
+    """x and y lists of (step, value) points with a NaN where the steps jump by more than ``factor``
+    times the usual spacing (a rank that was away), so that a plotted line does not bridge the gap."""
+    if len(pts) < 3:
+        return [float(s) for s, _ in pts], [v for _, v in pts]
+    usual = statistics.median(b[0] - a[0] for a, b in zip(pts, pts[1:], strict=False))
+    xs: list[float] = [float(pts[0][0])]
+    ys: list[float] = [pts[0][1]]
+    for (s0, _), (s1, v1) in zip(pts, pts[1:], strict=False):
+        if s1 - s0 > factor * max(usual, 1):
+            xs.append(math.nan)
+            ys.append(math.nan)
+        xs.append(float(s1))
+        ys.append(v1)
+    return xs, ys
 
 
 def plot_step_time(run: Run, findings: list[straggler.StragglerFinding], margin: float, out: Path) -> None:
@@ -350,8 +421,8 @@ def plot_step_time(run: Run, findings: list[straggler.StragglerFinding], margin:
     for (host, lr), recs in sorted(series.items()):
         pts = [(r["step"], c) for r in recs if (c := _num(r.get("compute_s"))) is not None]
         label = host + (f"/local{lr}" if lr else "")
-        ax1.plot([s for s, _ in pts], [c for _, c in pts], lw=1, color=colors[(host, lr)],
-                 label=f"{label} compute")
+        xs, ys = _break_gaps(pts)
+        ax1.plot(xs, ys, lw=1, color=colors[(host, lr)], label=f"{label} compute")
         for r in recs:
             if (st := _num(r.get("step_time_s"))) is not None:
                 step_t[r["step"]] = max(step_t.get(r["step"], 0.0), st)
@@ -396,9 +467,12 @@ def plot_world_size(run: Run, fl: list[Fault], rs: list[Restart], tx: TimeAxis, 
             t_end = gaps[i][0] if i < len(gaps) else tl[-1][0]
             seg = [(t, w) for t, w in tl if t_start <= t <= t_end]
             ax.step([tx(t) for t, _ in seg], [w for _, w in seg], where="post", color="tab:blue", lw=2)
-        for a, b in gaps:
+        mids = [(tx(a) + tx(b)) / 2 for a, b in gaps]
+        gap_label_w = 14 * _CHAR_SHARE * max(tx(tl[-1][0]) - tx(tl[0][0]), 1e-9)
+        rows = label_levels([m - gap_label_w / 2 for m in mids], [gap_label_w] * len(mids), levels=2)
+        for (a, b), mid, lv in zip(gaps, mids, rows, strict=True):
             ax.axvspan(tx(a), tx(b), color="gray", alpha=0.25)
-            ax.text((tx(a) + tx(b)) / 2, 0.5, f"no training\nfor {b - a:.0f} s", fontsize=10,
+            ax.text(mid, 0.45 - 0.2 * lv, f"no training\nfor {b - a:.0f} s", fontsize=8.5,
                     transform=ax.get_xaxis_transform(), ha="center", va="center", color="dimgray")
     t_lo, t_hi = (tl[0][0], tl[-1][0]) if tl else (tx.t0, tx.t0)
     for e in run.events:
@@ -407,16 +481,14 @@ def plot_world_size(run: Run, fl: list[Fault], rs: list[Restart], tx: TimeAxis, 
             ax.axvline(tx(t), color="dimgray", lw=1, ls=":")
             ax.text(tx(t), 0.98, f" {e['kind']}", color="dimgray", va="top", fontsize=9,
                     transform=ax.get_xaxis_transform())
-    for f in fl:
-        if f.time is not None:
-            ax.axvline(tx(f.time), color="crimson", lw=1.5)
-            ax.text(tx(f.time), 0.98, f" {f.mode} {f.node}", color="crimson", va="top",
-                    transform=ax.get_xaxis_transform(), fontsize=9, fontweight="bold")
+    _marker_labels(ax, [(tx(f.time), f"{f.mode} {f.node}", "crimson", 1.5) for f in fl if f.time is not None],
+                   span=tx(t_hi) - tx(t_lo))
     for r in rs:
         if not r.initial:
             ax.axvline(tx(r.time), color="darkorange", lw=1.2, ls="--")
     top = max([w for _, w in tl] + [1])
-    ax.set_ylim(0, top + 0.8)
+    # room above the highest world size for three rows of fault labels
+    ax.set_ylim(0, top + 1.4)
     ax.set_yticks(range(0, top + 1))
     ax.set_xlabel(tx.label)
     ax.set_ylabel("world size")
@@ -545,12 +617,12 @@ def key_figures(run: Run, rs: list[Restart], fl: list[Fault], findings: list[str
     if isinstance(hosts, dict):
         hosts = sorted(hosts)
     tr = loss_per_step(run)
-    if ends:
-        fallback_train, fallback_val = ends[-1].get("final_train_loss"), ends[-1].get("final_val_loss")
-    else:
-        fallback_train, fallback_val = (tr[-1][1] if tr else None), (vals[-1][1] if vals else None)
-    final_train = s.get("final_train_loss", fallback_train)
-    final_val = s.get("final_val_loss", fallback_val)
+    end = ends[-1] if ends else {}
+    fallback_train = _first_set(end.get("final_train_loss"), tr[-1][1] if tr else None)
+    fallback_val = _first_set(end.get("final_val_loss"), vals[-1][1] if vals else None)
+    # summary.json holds null for a run that ended without its final evaluation: show the last seen
+    final_train = s["final_train_loss"] if s.get("final_train_loss") is not None else fallback_train
+    final_val = s["final_val_loss"] if s.get("final_val_loss") is not None else fallback_val
     start = next(iter(run.by_event("start")), {})
     tok = [w.tokens_per_s for w in per_world_size(run) if w.tokens_per_s is not None]
     params = _num(start.get("params"))
