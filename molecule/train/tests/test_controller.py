@@ -6,14 +6,17 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 testinfra_hosts = ["controller"]
 
 PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[3]))
 RUNS = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "runs"
 TRAINERS = [f"{os.environ.get('DDP_LAB_MOLECULE_NAME', 'mol')}-laptop-{x}" for x in "abc"]
-MAX_STEPS = 60
-RDZV_PORT = 29411
+# The run's settings, from the file that sets them (also loaded by scenario fault's converge).
+SETTINGS = yaml.safe_load((Path(__file__).resolve().parents[1] / "extra_vars.yml").read_text())
+MAX_STEPS = int(SETTINGS["ddp_job_max_steps"])
+RDZV_PORT = int(SETTINGS["rendezvous_port"])
 
 sys.path.insert(0, str(PROJECT / "train"))
 

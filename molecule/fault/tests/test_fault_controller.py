@@ -6,16 +6,20 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 testinfra_hosts = ["controller"]
 
 PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[3]))
 EPHEMERAL = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"])
-RUNS = EPHEMERAL / "runs"
+# The fault run's settings, from the file that sets them for converge.yml.
+SETTINGS = yaml.safe_load((Path(__file__).resolve().parents[1] / "run_vars.yml").read_text())
+RUNS = EPHEMERAL / "runs-fault"
 NODES = 3
-MAX_STEPS = 2000
-PG_TIMEOUT_S = 20
-RDZV_PORT = 29412
+MAX_STEPS = int(SETTINGS["ddp_job_max_steps"])
+PG_TIMEOUT_S = float(SETTINGS["ddp_job_train_overrides"]["pg_timeout_s"])
+FREEZE_S = float(SETTINGS["molecule_fault_freeze_s"])
+RDZV_PORT = int(SETTINGS["rendezvous_port"])
 
 sys.path.insert(0, str(PROJECT / "train"))
 
@@ -78,7 +82,7 @@ def test_rejoin_grows_back_without_losing_steps(faults):
 def test_freeze_is_given_up_after_the_gloo_timeout(faults):
     f = faults["freeze"]
     assert f["node"] != faults["poweroff"]["node"]
-    assert f["duration_s"] == 90
+    assert f["duration_s"] == FREEZE_S
     assert f["outcome"] == "recovered" and f["steps_lost"] == 0
     # the survivors notice the silent peer when the process-group timeout expires, not before
     assert PG_TIMEOUT_S - 1 <= f["detected_s"] <= PG_TIMEOUT_S + 15, f
