@@ -12,7 +12,8 @@ Where the node tests run, first match wins:
    ``additional_files_or_dirs``.
 3. The built-in lab (``inventory/lab/hosts.yml``, written by ``make lab-up``).
 
-Without any of them the node tests skip, saying why; the controller-side cases of the preflight
+Without any of them the node tests skip, saying why (with ``DDP_LAB_TEST_REQUIRE_NODES=1``, as in
+molecule's verifier, they fail instead); the controller-side cases of the preflight
 matrix need no node and always run.
 """
 
@@ -72,11 +73,20 @@ def ansible_env() -> dict[str, str]:
     return env
 
 
+def skip_or_fail(reason: str) -> None:
+    """``pytest.skip``, or a failure where the nodes must be there (``DDP_LAB_TEST_REQUIRE_NODES=1``,
+    set by the molecule verifier that runs these cases in CI): a skipped check is not a passed one."""
+    if os.environ.get("DDP_LAB_TEST_REQUIRE_NODES") == "1":
+        pytest.fail(f"DDP_LAB_TEST_REQUIRE_NODES=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
 def lab_or_skip() -> Lab:
-    """The nodes to test against (see the module docstring), or ``pytest.skip`` saying why."""
+    """The nodes to test against (see the module docstring), or ``pytest.skip`` saying why (a failure
+    with ``DDP_LAB_TEST_REQUIRE_NODES=1``)."""
     env = ansible_env()
     if env.get("DDP_LAB_TEST_INVENTORY") == "none":
-        pytest.skip("DDP_LAB_TEST_INVENTORY=none: the node cases are off")
+        skip_or_fail("DDP_LAB_TEST_INVENTORY=none: the node cases are off")
     if env.get("DDP_LAB_TEST_INVENTORY"):
         inventory = env["DDP_LAB_TEST_INVENTORY"]
     elif env.get("MOLECULE_INVENTORY_FILE"):
@@ -84,13 +94,13 @@ def lab_or_skip() -> Lab:
     else:
         inventory = str(REPO / "inventory" / "lab")
         if not (REPO / "inventory" / "lab" / "hosts.yml").is_file():
-            pytest.skip(
+            skip_or_fail(
                 "no nodes to test against: the lab is not up (no inventory/lab/hosts.yml; `make lab-up`) "
                 "and neither DDP_LAB_TEST_INVENTORY nor MOLECULE_INVENTORY_FILE is set; CI runs these "
                 "cases in `molecule verify` of the default scenario"
             )
     if shutil.which("podman") is None:
-        pytest.skip("podman is not installed: the lab needs it (`make deps`)")
+        skip_or_fail("podman is not installed: the lab needs it (`make deps`)")
     listing = subprocess.run(
         [str(BINDIR / "ansible-inventory"), "-i", inventory, "--list"],
         env=env,
@@ -111,7 +121,7 @@ def lab_or_skip() -> Lab:
             check=False,
         )
         if running.stdout.strip() != "true":
-            pytest.skip(f"the nodes are not up ({host}: container {name} is not running): run `make lab-up`")
+            skip_or_fail(f"the nodes are not up ({host}: container {name} is not running): run `make lab-up`")
         # Busy as ddp_job sees it: the agent unit is up and not merely remaining after its exit.
         show = subprocess.run(
             ["podman", "exec", name, "systemctl", "show", AGENT_UNIT, "-p", "ActiveState", "-p", "SubState"],
@@ -125,7 +135,7 @@ def lab_or_skip() -> Lab:
             unit.get("ActiveState") in ("active", "activating", "deactivating")
             and unit.get("SubState") != "exited"
         ):
-            pytest.skip(
+            skip_or_fail(
                 f"{host} runs a training job ({AGENT_UNIT} is {unit.get('SubState')}): these tests "
                 "change the nodes for a moment; run them when the cluster is idle"
             )

@@ -47,6 +47,7 @@ from labharness import (
     run_playbooks,
     run_playbooks_watching,
     sigterm_as_interrupt,
+    skip_or_fail,
     write_inventory,
 )
 
@@ -534,7 +535,7 @@ def test_good_settings_pass_without_touching_anything(controller_case):
 def lab() -> Lab:
     found = lab_or_skip()
     if len(found.trainers) < 2:
-        pytest.skip("the node cases need at least two trainers")
+        skip_or_fail("the node cases need at least two trainers")
     return found
 
 
@@ -1045,7 +1046,7 @@ def test_firewall_opens_only_the_cluster_subnet_when_ufw_is_enabled(lab, tmp_pat
     changes nothing; as the rendezvous host it opens the store's port only."""
     target, peer = lab.trainers[-1], lab.trainers[0]
     if node_exec(lab, target, "test", "-x", "/usr/sbin/ufw").returncode != 0:
-        pytest.skip(f"{target} has no ufw: the node image predates it (rebuild: make image)")
+        skip_or_fail(f"{target} has no ufw: the node image predates it (rebuild: make image)")
     address = node_exec(lab, target, "sh", "-c", "ip -4 -o route get 192.0.2.1").stdout
     address = re.search(r"\bsrc\s+(\S+)", address).group(1)
     play = tmp_path / "firewall.yml"
