@@ -58,8 +58,24 @@ demo: lab-up ## the main job: bring up the lab, run site.yml end to end, print t
 	ansible-playbook -i $(INVENTORY) site.yml $(if $(DATASET),-e ddp_job_dataset_src=$(DATASET)) $(DEMO_ARGS)
 	@echo "run folder: $$(readlink -f runs/current)"
 
+# The unit tests and linters run beside the molecule scenarios, which spend most of their time
+# waiting on podman and ansible: their output goes to build/test-unit-lint.log and is printed once
+# both are done. TEST_PARALLEL=0 runs them one after the other.
+TEST_PARALLEL ?= 1
+
 test: deps venv image ## everything CI runs: unit tests, linters, molecule scenarios
+ifeq ($(TEST_PARALLEL),0)
 	$(MAKE) test-unit lint molecule
+else
+	@mkdir -p build; start=$$(date +%s); \
+	( $(MAKE) --no-print-directory test-unit lint > build/test-unit-lint.log 2>&1; \
+	  echo $$? > build/test-unit-lint.rc ) & unit=$$!; \
+	$(MAKE) --no-print-directory molecule; mol=$$?; \
+	wait $$unit; rc=$$(cat build/test-unit-lint.rc); \
+	echo "== unit tests and linters (build/test-unit-lint.log) =="; cat build/test-unit-lint.log; \
+	echo "make test: unit tests + linters exit $$rc, molecule exit $$mol, $$(( $$(date +%s) - start )) s"; \
+	[ "$$rc" -eq 0 ] && [ "$$mol" -eq 0 ]
+endif
 
 # pytest exits 5 when it collects no test: not a failure of the suite.
 test-unit: venv ## Python unit tests and the bad-input matrix
