@@ -3,7 +3,14 @@
 import os
 from pathlib import Path
 
-testinfra_hosts = ["trainers"]
+from testinfra.utils.ansible_runner import AnsibleRunner
+
+# The trainers of the scenario's inventory, reached with testinfra's podman backend (one
+# `podman exec` per check; its ansible backend costs an ansible run per check).
+testinfra_hosts = [
+    f"podman://{name}"
+    for name in AnsibleRunner(str(Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent)).get_hosts("trainers")
+]
 
 # The short run, as collected on the controller (scenario fault makes another run after it).
 RUNS = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "runs"
