@@ -399,11 +399,10 @@ def test_port_held_by_another_program_and_corrupt_dataset(controller_case, tmp_p
     )
 
 
-def test_port_held_by_a_store_this_checkout_does_not_manage(controller_case, tmp_path: Path):
-    """A ddp-lab store started from elsewhere (another state folder) holds the port: named as
-    such, with the command that stops it."""
-    port = _free_port()
-    elsewhere = tmp_path / "other-checkout-rdzv"
+@contextlib.contextmanager
+def _store(address: str, port: int, state_dir: Path) -> Iterator[None]:
+    """A ddp-lab rendezvous store on the controller (ddplab.rdzv_store) at ``address:port`` with
+    its state in ``state_dir``, stopped afterwards."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "train")}
     base = [sys.executable, "-m", "ddplab.rdzv_store"]
     started = subprocess.run(
@@ -411,11 +410,11 @@ def test_port_held_by_a_store_this_checkout_does_not_manage(controller_case, tmp
             *base,
             "start",
             "--host",
-            "127.0.0.1",
+            address,
             "--port",
             str(port),
             "--state-dir",
-            str(elsewhere),
+            str(state_dir),
             "--wait",
             "90",
         ],
@@ -427,25 +426,34 @@ def test_port_held_by_a_store_this_checkout_does_not_manage(controller_case, tmp
     )
     try:
         assert started.returncode == 0, started.stdout + started.stderr
-        rdzv = {
-            "controller": {
-                "ansible_connection": "local",
-                "ansible_python_interpreter": sys.executable,
-                "rendezvous_address": "192.0.2.10",
-                "rendezvous_port": port,
-                "rendezvous_state_dir": str(tmp_path / "rdzv"),
-            }
-        }
-        rc, out, _ = controller_case(None, rdzv)
-    finally:
+        yield
+    finally:  # also when the start failed half-way: no supervisor is left behind
         subprocess.run(
-            [*base, "stop", "--port", str(port), "--state-dir", str(elsewhere)],
+            [*base, "stop", "--port", str(port), "--state-dir", str(state_dir)],
             env=env,
             capture_output=True,
             text=True,
             timeout=60,
             check=False,
         )
+
+
+def test_port_held_by_a_store_this_checkout_does_not_manage(controller_case, tmp_path: Path):
+    """A ddp-lab store started from elsewhere (another state folder) holds the port: named as
+    such, with the command that stops it."""
+    port = _free_port()
+    elsewhere = tmp_path / "other-checkout-rdzv"
+    rdzv = {
+        "controller": {
+            "ansible_connection": "local",
+            "ansible_python_interpreter": sys.executable,
+            "rendezvous_address": "192.0.2.10",
+            "rendezvous_port": port,
+            "rendezvous_state_dir": str(tmp_path / "rdzv"),
+        }
+    }
+    with _store("127.0.0.1", port, elsewhere):
+        rc, out, _ = controller_case(None, rdzv)
     assert_stopped_before_changes(rc, out, ["t-a"], contacted=False)
     (line,) = errors(out)
     assert line.startswith(
@@ -659,45 +667,6 @@ def _other_torch(lab: Lab, host: str) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def _store(lab: Lab, port: int, state_dir: Path) -> Iterator[None]:
-    """A ddp-lab rendezvous store on the controller (ddplab.rdzv_store), stopped afterwards."""
-    address = lab.rendezvous_address
-    env = {**os.environ, "PYTHONPATH": str(REPO / "train")}
-    base = [sys.executable, "-m", "ddplab.rdzv_store"]
-    started = subprocess.run(
-        [
-            *base,
-            "start",
-            "--host",
-            address,
-            "--port",
-            str(port),
-            "--state-dir",
-            str(state_dir),
-            "--wait",
-            "90",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    try:
-        assert started.returncode == 0, started.stdout + started.stderr
-        yield
-    finally:  # also when the start failed half-way: no supervisor is left behind
-        subprocess.run(
-            [*base, "stop", "--port", str(port), "--state-dir", str(state_dir)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-
-
-@contextlib.contextmanager
 def _firewalled(lab: Lab, host: str, port: int) -> Iterator[None]:
     """The node rejects its own TCP connections to the store's port (a firewall in the way)."""
     address = lab.rendezvous_address
@@ -902,7 +871,8 @@ def test_torch_mismatch_and_unreachable_store_refused_for_training(lab, tmp_path
     with contextlib.ExitStack() as stack:
         stack.enter_context(sigterm_as_interrupt())
         prefix = stack.enter_context(_other_torch(lab, nlast))
-        stack.enter_context(_store(lab, rdzv["rendezvous_port"], Path(rdzv["rendezvous_state_dir"])))
+        store_dir = Path(rdzv["rendezvous_state_dir"])
+        stack.enter_context(_store(lab.rendezvous_address, rdzv["rendezvous_port"], store_dir))
         stack.enter_context(_firewalled(lab, n0, rdzv["rendezvous_port"]))
         inventory = write_inventory(
             lab, tmp_path / "hosts.yml", {nlast: {"python_env_prefix": prefix}}, rendezvous_vars=rdzv
