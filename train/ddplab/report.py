@@ -618,11 +618,10 @@ def key_figures(run: Run, rs: list[Restart], fl: list[Fault], findings: list[str
         hosts = sorted(hosts)
     tr = loss_per_step(run)
     end = ends[-1] if ends else {}
-    fallback_train = _first_set(end.get("final_train_loss"), tr[-1][1] if tr else None)
-    fallback_val = _first_set(end.get("final_val_loss"), vals[-1][1] if vals else None)
     # summary.json holds null for a run that ended without its final evaluation: show the last seen
-    final_train = s["final_train_loss"] if s.get("final_train_loss") is not None else fallback_train
-    final_val = s["final_val_loss"] if s.get("final_val_loss") is not None else fallback_val
+    final_train = _first_set(s.get("final_train_loss"), end.get("final_train_loss"),
+                             tr[-1][1] if tr else None)
+    final_val = _first_set(s.get("final_val_loss"), end.get("final_val_loss"), vals[-1][1] if vals else None)
     start = next(iter(run.by_event("start")), {})
     tok = [w.tokens_per_s for w in per_world_size(run) if w.tokens_per_s is not None]
     params = _num(start.get("params"))
