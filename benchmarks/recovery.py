@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "train"))
 
 from ddplab import faults  # noqa: E402
+from ddplab.rundir import load_events, load_run  # noqa: E402
 
 BIN = Path(sys.executable).parent
 TARGET_RECOVERY_S = 10.0
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             tgt = f"rank={target[4:]}" if target.startswith("rank") else f"node={target}"
             play(a.inventory, "kill-node.yml", [*a.extra, f"fault={mode}", tgt, f"run_id={run_id}"], mode)
             if mode in LOST_AFTER:
-                node = faults.injections(faults.load_events(a.runs_dir / run_id))[-1].node
+                node = faults.injections(load_events(a.runs_dir / run_id))[-1].node
                 back = [*a.extra, "fault=rejoin", f"node={node}", f"run_id={run_id}"]
                 play(a.inventory, "kill-node.yml", back, "rejoin")
             wait_full_size(a.inventory, run_id, a.nodes, 0, 300)
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
-    summary = json.loads((a.runs_dir / run_id / "summary.json").read_text())
+    summary = load_run(a.runs_dir / run_id).summary
     print(f"\nrecovery figures, run {run_id} (targets: training again at world size {a.nodes - 1} "
           f"within {TARGET_RECOVERY_S:.0f} s, 0 steps lost; rejoin back to {a.nodes})")
     print(f"{'mode':<12}{'node':<12}{'rank':>5}{'world':>8}{'detected_s':>12}{'recovered_s':>13}"

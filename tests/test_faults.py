@@ -7,7 +7,8 @@ with the CONTRACTS.md records and events.jsonl with the injections -- and checks
 import json
 
 import pytest
-from ddplab import faults
+from ddplab import faults, rundir
+from ddplab import summary as sm
 
 T0 = 1_000.0  # time of step 1
 
@@ -53,7 +54,7 @@ class Run:
                                  "duration_s": duration_s}) + "\n")
 
     def measures(self):
-        return faults.measure_all(faults.load_events(self.dir), faults.load_metrics(self.dir))
+        return faults.measure_all(rundir.load_events(self.dir), rundir.load_run(self.dir).records)
 
 
 ABC = ("laptop-a", "laptop-b", "laptop-c")
@@ -295,7 +296,7 @@ def test_node_of_rank_follows_the_newest_records(run):
     # after a restart, laptop-c holds rank 0 and laptop-a rank 1 (laptop-b gone)
     run.rec("laptop-c", "start", T0 + 10, 0, 2, resumed_from_step=3)
     run.rec("laptop-a", "start", T0 + 10, 1, 2, resumed_from_step=3)
-    recs = faults.load_metrics(run.dir)
+    recs = rundir.load_run(run.dir).records
     assert faults.node_of_rank(recs, 0) == "laptop-c"
     assert faults.node_of_rank(recs, 1) == "laptop-a"
     assert faults.node_of_rank(recs, 2) is None
@@ -308,7 +309,7 @@ def test_partial_lines_and_foreign_events_are_skipped(run):
         fh.write('{"event": "step", "time": 10')    # a fetch during an append
     with (run.dir / "events.jsonl").open("a") as fh:
         fh.write(json.dumps({"time": T0, "kind": "play", "phase": "train"}) + "\n")
-    assert len(faults.load_metrics(run.dir)) == 12
+    assert len(rundir.load_run(run.dir).records) == 12
     assert run.measures() == []
 
 
@@ -330,7 +331,7 @@ def test_cli_prints_the_table_and_writes_summary_faults(run, capsys):
     run.start(("laptop-a", "laptop-c"), T0 + 12.0, resumed_from_step=10, restart_count=1)
     run.steps(("laptop-a", "laptop-c"), 11, 12, T0 + 13.0)
     (run.dir / "summary.json").write_text(json.dumps({"run_id": "r1", "steps_completed": 12, "faults": []}))
-    assert faults.main([str(run.dir)]) == 0
+    assert sm.main(["faults", str(run.dir)]) == 0
     out = capsys.readouterr().out
     assert "kill-agent" in out and "laptop-b" in out and "3->2" in out and "recovered" in out
     summary = json.loads((run.dir / "summary.json").read_text())
@@ -338,9 +339,9 @@ def test_cli_prints_the_table_and_writes_summary_faults(run, capsys):
     (entry,) = summary["faults"]
     got = (entry["mode"], entry["node"], entry["recovered_s"], entry["steps_lost"])
     assert got == ("kill-agent", "laptop-b", 3.5, 0)
-    assert faults.main([str(run.dir), "--json", "--last", "--no-write"]) == 0
+    assert sm.main(["faults", str(run.dir), "--json", "--last", "--no-write"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["world_size_after"] == 2
-    assert faults.main([str(run.dir), "--rank-of", "1"]) == 0
+    assert sm.main(["faults", str(run.dir), "--rank-of", "1"]) == 0
     assert capsys.readouterr().out.strip() == "laptop-c"
 
 
@@ -349,22 +350,22 @@ def test_cli_reads_live_metrics_from_another_folder(run, tmp_path, capsys):
     live = Run(tmp_path / "live", "fetch")
     live.start(ABC, T0 - 1)
     live.steps(ABC, 1, 2, T0)
-    assert faults.main([str(run.dir), "--metrics", str(live.dir), "--json", "--no-write"]) == 0
+    assert sm.main(["faults", str(run.dir), "--metrics", str(live.dir), "--json", "--no-write"]) == 0
     (entry,) = json.loads(capsys.readouterr().out)
     assert entry["world_size_before"] == 3 and entry["outcome"] == "no_data"
     assert not (run.dir / "summary.json").exists()
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
-    assert faults.main([str(tmp_path / "missing")]) == 2
-    assert "no such folder" in capsys.readouterr().err
+    assert sm.main(["faults", str(tmp_path / "missing")]) == 2
+    assert "no such run folder" in capsys.readouterr().err
     d = tmp_path / "r"
     d.mkdir()
     bad = {"kind": "fault", "mode": "nap", "node": "a", "time": 1}
     (d / "events.jsonl").write_text(json.dumps(bad) + "\n")
-    assert faults.main([str(d)]) == 2
+    assert sm.main(["faults", str(d)]) == 2
     assert "unknown mode 'nap'" in capsys.readouterr().err
-    assert faults.main([str(d), "--rank-of", "0"]) == 3
+    assert sm.main(["faults", str(d), "--rank-of", "0"]) == 3
 
 
 def test_progress_phase_from_one_nodes_records(run):
@@ -373,7 +374,7 @@ def test_progress_phase_from_one_nodes_records(run):
     inj = faults.Injection(T0 + 9.5, "freeze", "laptop-c", duration_s=20)
 
     def phase(active=True):
-        return faults.progress_phase(faults.measure(inj, faults.load_metrics(run.dir)), active)
+        return faults.progress_phase(faults.measure(inj, rundir.load_run(run.dir).records), active)
 
     assert phase() == "waiting"
     assert phase(active=False) == "ended"
@@ -392,13 +393,13 @@ def test_steps_in_flight_after_an_instant_fault_are_not_a_recovery(run):
     run.start(ABC, T0 - 1)
     run.steps(ABC, 1, 10, T0)
     inj = faults.Injection(T0 + 7.5, "poweroff", "laptop-a")
-    m = faults.measure(inj, faults.load_metrics(run.dir))
+    m = faults.measure(inj, rundir.load_run(run.dir).records)
     assert m.outcome == "not_recovered"
     assert faults.progress_phase(m, True) == "waiting"
     run.failure("laptop-b", T0 + 11, 1, 3, step=10)
     run.start(("laptop-b", "laptop-c"), T0 + 15, resumed_from_step=10, restart_count=1)
     run.steps(("laptop-b", "laptop-c"), 11, 12, T0 + 16)
-    m = faults.measure(inj, faults.load_metrics(run.dir))
+    m = faults.measure(inj, rundir.load_run(run.dir).records)
     assert (m.outcome, m.world_size_after, m.steps_lost, m.last_step_before) == ("recovered", 2, 0, 10)
     assert m.recovered_s == pytest.approx(8.5)
 
@@ -407,6 +408,6 @@ def test_newest_per_worker_lists_ranks_world_size_and_step(run):
     run.start(ABC, T0 - 1)
     run.steps(ABC, 1, 4, T0)
     run.rec("laptop-b", "failure", T0 + 5, 1, 3, step=4, error="x", saved=True)
-    ws = faults.newest_per_worker(faults.load_metrics(run.dir))
+    ws = faults.newest_per_worker(rundir.load_run(run.dir).records)
     assert [(w["host"], w["rank"], w["event"], w["step"], w["world_size"]) for w in ws] == [
         ("laptop-a", 0, "step", 4, 3), ("laptop-c", 2, "step", 4, 3), ("laptop-b", 1, "failure", 4, 3)]

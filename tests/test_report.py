@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from ddplab import report
+from ddplab.report import data, plots
 
 HOSTS = ("laptop-a", "laptop-b", "laptop-c")
 T0 = 1_780_000_000.0
@@ -175,14 +176,14 @@ def test_report_without_summary_derives_figures(tmp_path):
 
 def test_derived_series(tmp_path):
     run = report.load_run(make_run(tmp_path))
-    rs = report.restarts(run)
+    rs = data.restarts(run)
     assert [(r.step, r.world_size, r.initial) for r in rs] == [(0, 3, True), (80, 2, False), (140, 3, False)]
-    assert [w.world_size for w in report.per_world_size(run)] == [2, 3]
-    loss = report.loss_per_step(run)
+    assert [w.world_size for w in data.per_world_size(run)] == [2, 3]
+    loss = data.loss_per_step(run)
     assert [s for s, _ in loss] == list(range(200))
-    f = report.faults(run)[0]
-    assert report.step_at(run, f.time) == 79
-    gaps = report.idle_gaps([t for t, _ in report.world_size_timeline(run)])
+    f = data.faults(run)[0]
+    assert data.step_at(run, f.time) == 79
+    gaps = data.idle_gaps([t for t, _ in data.world_size_points(run)])
     assert len(gaps) == 2 and all(b - a > 18 for a, b in gaps)
 
 
@@ -233,11 +234,11 @@ def test_bad_straggler_parameters(tmp_path):
 
 def test_label_levels_put_overlapping_labels_on_other_rows():
     # labels 10 wide: 0 and 5 overlap, 12 is clear of 0 (ends at 10), 13 overlaps 12 and 5 (ends 15)
-    assert report.label_levels([0, 5, 12, 13, 40], [10] * 5, levels=3) == [0, 1, 0, 2, 0]
+    assert plots.label_levels([0, 5, 12, 13, 40], [10] * 5, levels=3) == [0, 1, 0, 2, 0]
     # order given is kept in the result
-    assert report.label_levels([12, 0, 5], [10] * 3) == [0, 0, 1]
+    assert plots.label_levels([12, 0, 5], [10] * 3) == [0, 0, 1]
     # more overlapping labels than rows: the row whose label ends first is reused
-    assert report.label_levels([0, 1, 2], [10, 10, 10], levels=2) == [0, 1, 0]
+    assert plots.label_levels([0, 1, 2], [10, 10, 10], levels=2) == [0, 1, 0]
 
 
 def test_short_cause_drops_source_paths_boilerplate_and_emoji():
@@ -246,17 +247,17 @@ def test_short_cause_drops_source_paths_boilerplate_and_emoji():
            "Connection closed by peer [10.89.1.2]:28063. This is typically caused by a remote worker "
            "crashing. Check the logs of the remote worker before reporting an error. GLHF! \U0001F642")
     want = "h6-c (rank 2): RuntimeError: Connection closed by peer [10.89.1.2]:28063"
-    assert report.short_cause(raw) == want
+    assert data.short_cause(raw) == want
     long = "x" * 300
-    out = report.short_cause(long, limit=50)
+    out = data.short_cause(long, limit=50)
     assert len(out) == 50 and out.endswith("…")
 
 
 def test_break_gaps_splits_the_line_where_a_rank_was_away():
     pts = [(s, 1.0) for s in range(0, 10)] + [(s, 2.0) for s in range(100, 105)]
-    xs, ys = report._break_gaps(pts)
+    xs, ys = plots._break_gaps(pts)
     nan_at = [i for i, x in enumerate(xs) if x != x]
     assert len(nan_at) == 1 and xs[nan_at[0] - 1] == 9 and xs[nan_at[0] + 1] == 100
     assert len(xs) == len(ys) == len(pts) + 1
     # evenly spaced records (log_interval 5) are never split
-    assert report._break_gaps([(s, 0.5) for s in range(0, 100, 5)])[0] == [float(s) for s in range(0, 100, 5)]
+    assert plots._break_gaps([(s, 0.5) for s in range(0, 100, 5)])[0] == [float(s) for s in range(0, 100, 5)]

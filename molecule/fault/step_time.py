@@ -16,7 +16,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from ddplab.summary import load_run
+from ddplab.rundir import load_run
 
 
 def median_step_time(run_dir: Path) -> float:
@@ -25,7 +25,7 @@ def median_step_time(run_dir: Path) -> float:
     Raises:
         ValueError: the run has no step record with a step time.
     """
-    _per_host, records = load_run(run_dir)
+    records = load_run(run_dir).records
     times = [float(r["step_time_s"]) for r in records if r.get("event") == "step" and r.get("step_time_s")]
     if not times:
         raise ValueError(f"{run_dir}: no step record with step_time_s in <host>/metrics/*.jsonl")

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
@@ -40,10 +39,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddplab import costmodel, report
+from ddplab import costmodel
 from ddplab.bench_allreduce import MB
 from ddplab.bench_links import format_matrices
-from ddplab.metrics import read_jsonl
+from ddplab.records import num, read_jsonl
+from ddplab.report import html, plots
+from ddplab.report.data import step_series
+from ddplab.rundir import RunFolder, load_run
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_EMPTY = 0, 2, 3
 #: Speedups the project seed reports for real laptops on a gigabit switch (README of the seed).
@@ -55,12 +57,6 @@ Record = dict[str, Any]
 
 class BenchError(Exception):
     """Bad input: the bench folder cannot be read."""
-
-
-def _num(v: Any) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-        return None
-    return float(v)
 
 
 # ---------------------------------------------------------------- input
@@ -75,7 +71,7 @@ class Bench:
     settings: dict[str, Any]
     links: Record | None
     allreduce: list[Record]
-    train_runs: list[report.Run]
+    train_runs: list[RunFolder]
     notes: list[str] = field(default_factory=list)
 
 
@@ -95,14 +91,14 @@ def load_bench(path: str | Path) -> Bench:
             raise BenchError(f"{sfile}: expected a JSON object")
     records: list[Record] = []
     for f in sorted((root / "raw").glob("*.jsonl")):
-        records += [r for r in read_jsonl(f) if isinstance(r, dict)]
+        records += read_jsonl(f)[0]
     links = [r for r in records if r.get("kind") == "links"]
-    allreduce = [r for r in records if r.get("kind") == "allreduce" and _num(r.get("median_s"))
-                 and isinstance(r.get("world_size"), int) and _num(r.get("bytes")) is not None]
+    allreduce = [r for r in records if r.get("kind") == "allreduce" and num(r.get("median_s"))
+                 and isinstance(r.get("world_size"), int) and num(r.get("bytes")) is not None]
     allreduce.sort(key=lambda r: (r["world_size"], r["bytes"]))
     runs = []
     for d in sorted(p for p in (root / "rounds").glob("*") if p.is_dir() and not p.is_symlink()):
-        run = report.load_run(d)
+        run = load_run(d)
         if run.by_event("step"):
             runs.append(run)
     bench_id = str(settings.get("bench_id") or root.resolve().name.removeprefix("bench-"))
@@ -136,17 +132,17 @@ def link_for(bench: Bench, hosts: Sequence[str]) -> Link:
         ids = [idx[h] for h in hosts if h in idx]
         bw = rec.get("bandwidth_bytes_per_s") or []
         rtt = rec.get("rtt_ms") or []
-        rates = [v for i in ids for j in ids if i != j and (v := _num(_cell(bw, i, j))) and v > 0]
-        rtts = [v for i in ids for j in ids if i < j and (v := _num(_cell(rtt, i, j))) is not None]
+        rates = [v for i in ids for j in ids if i != j and (v := num(_cell(bw, i, j))) and v > 0]
+        rtts = [v for i in ids for j in ids if i < j and (v := num(_cell(rtt, i, j))) is not None]
         if len(ids) == len(hosts) and rates:
             lat = statistics.median(rtts) / 2 / 1e3 if rtts else 0.0
-            flagged = [_num(s.get("bytes_per_s")) for s in rec.get("slow_links") or []
-                       if s.get("src") in hosts and s.get("dst") in hosts and _num(s.get("bytes_per_s"))]
+            flagged = [num(s.get("bytes_per_s")) for s in rec.get("slow_links") or []
+                       if s.get("src") in hosts and s.get("dst") in hosts and num(s.get("bytes_per_s"))]
             if flagged:
                 return Link(min(flagged), lat, "the slow link measured")
             return Link(statistics.median(rates), lat, "the median measured link")
-    gbps = _num(bench.settings.get("link_gbps")) or costmodel.DEFAULT_LINK_GBPS
-    eff = _num(bench.settings.get("link_efficiency")) or costmodel.DEFAULT_LINK_EFFICIENCY
+    gbps = num(bench.settings.get("link_gbps")) or costmodel.DEFAULT_LINK_GBPS
+    eff = num(bench.settings.get("link_efficiency")) or costmodel.DEFAULT_LINK_EFFICIENCY
     return Link(costmodel.link_bytes_per_s(gbps, eff), 0.0, f"nominal {gbps:g} Gb/s x {eff:g}")
 
 
@@ -170,10 +166,10 @@ def allreduce_rows(bench: Bench) -> list[Record]:
         _, busbw = costmodel.bus_bandwidth(d, med, n)
         rows.append({
             "bytes": int(d), "world_size": n, "hosts": r.get("hosts") or [], "repeats": r.get("repeats"),
-            "median_s": med, "min_s": _num(r.get("min_s")), "busbw_bytes_per_s": busbw,
+            "median_s": med, "min_s": num(r.get("min_s")), "busbw_bytes_per_s": busbw,
             "link_bytes_per_s": link.bytes_per_s, "latency_s": link.latency_s, "link_source": link.source,
             "model_s": model, "measured_over_model": med / model if model > 0 else None,
-            "nominal_model_s": _num(r.get("model_s")),
+            "nominal_model_s": num(r.get("model_s")),
             "nominal_link": f"{r.get('link_gbps')} Gb/s x {r.get('link_efficiency')}",
         })
     return rows
@@ -239,14 +235,14 @@ class ScalingRow:
     seed_speedup: float | None = None
 
 
-def steady_state(run: report.Run, skip_fraction: float = SKIP_FRACTION) -> ScalingRow | None:
+def steady_state(run: RunFolder, skip_fraction: float = SKIP_FRACTION) -> ScalingRow | None:
     """Median step figures of a scaling run after its first ``skip_fraction`` of steps.
 
     Per step: the slowest rank's step time and the lowest tokens/s (every rank waits for the
     slowest), the median over ranks of compute and all-reduce time. None without step records.
     Raises ValueError when the run changed world size (a node dropped out: not a scaling figure).
     """
-    series = report.step_series(run)
+    series = step_series(run)
     by_step: dict[int, list[Record]] = {}
     for recs in series.values():
         for r in recs:
@@ -267,18 +263,18 @@ def steady_state(run: report.Run, skip_fraction: float = SKIP_FRACTION) -> Scali
     step_s, comp, ar, tok = [], [], [], []
     for s in keep:
         recs = by_step[s]
-        st = [v for r in recs if (v := _num(r.get("step_time_s"))) is not None]
-        tk = [v for r in recs if (v := _num(r.get("tokens_per_s"))) is not None]
+        st = [v for r in recs if (v := num(r.get("step_time_s"))) is not None]
+        tk = [v for r in recs if (v := num(r.get("tokens_per_s"))) is not None]
         if not st or not tk:
             continue
         step_s.append(max(st))
         tok.append(min(tk))
-        comp.append(med([_num(r.get("compute_s")) for r in recs]))
-        ar.append(med([_num(r.get("allreduce_s")) for r in recs]))
+        comp.append(med([num(r.get("compute_s")) for r in recs]))
+        ar.append(med([num(r.get("allreduce_s")) for r in recs]))
     if not step_s:
         return None
     start = next(iter(run.by_event("start")), {})
-    params = _num(start.get("params"))
+    params = num(start.get("params"))
     hosts = sorted({str(h) for (h, _lr) in series})
     prb = start.get("per_rank_batch_size")
     return ScalingRow(ws, hosts, run.run_id, len(step_s), params,
@@ -375,7 +371,7 @@ def environment_notes(bench: Bench, rows: Sequence[ScalingRow]) -> list[str]:
     nodes = s.get("nodes") if isinstance(s.get("nodes"), dict) else {}
     rate = s.get("shape_rate_mbit")
     if rate:
-        burst = _num(s.get("shape_burst_bytes"))
+        burst = num(s.get("shape_burst_bytes"))
         notes.append(f"Links shaped to {rate} Mbit/s: tbf on every node's egress (lab option "
                      "bench_shape_rate_mbit), removed after the bench."
                      + (f" A transfer within the tbf bucket ({burst / MB:.1f} MB) passes at the veth's own "
@@ -418,7 +414,7 @@ def environment_notes(bench: Bench, rows: Sequence[ScalingRow]) -> list[str]:
 
 
 def plot_allreduce(rows: Sequence[Record], out: Path) -> None:
-    plt = report._plt()
+    plt = plots.pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
     colors = {n: c for n, c in zip(sorted({r["world_size"] for r in rows}),
                                    ["tab:blue", "tab:orange", "tab:green", "tab:red"] * 4, strict=False)}
@@ -450,7 +446,7 @@ def plot_allreduce(rows: Sequence[Record], out: Path) -> None:
 
 
 def plot_scaling(rows: Sequence[ScalingRow], out: Path) -> None:
-    plt = report._plt()
+    plt = plots.pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     ns = [r.world_size for r in rows]
     top = max(ns)
@@ -490,16 +486,16 @@ def _links_view(rec: Record | None) -> dict[str, Any] | None:
     if not rec:
         return None
     hosts = [str(h) for h in rec.get("hosts") or []]
-    bw = [[None if (v := _num(c)) is None else f"{v / MB:.0f} MB/s ({v * 8 / 1e9:.2f} Gb/s)" for c in row]
+    bw = [[None if (v := num(c)) is None else f"{v / MB:.0f} MB/s ({v * 8 / 1e9:.2f} Gb/s)" for c in row]
           for row in rec.get("bandwidth_bytes_per_s") or []]
-    rtt = [[None if (v := _num(c)) is None else f"{v:.3f}" for c in row] for row in rec.get("rtt_ms") or []]
+    rtt = [[None if (v := num(c)) is None else f"{v:.3f}" for c in row] for row in rec.get("rtt_ms") or []]
     slow = {(s.get("src"), s.get("dst")) for s in rec.get("slow_links") or []}
     flags = [[(hosts[i], hosts[j]) in slow for j in range(len(hosts))] for i in range(len(hosts))]
     return {"hosts": hosts, "bw": bw, "rtt": rtt, "slow": flags,
             "slow_text": [f"{s['src']} -> {s['dst']}: {s['bytes_per_s'] * 8 / 1e9:.2f} Gb/s "
                           f"(median link {s['median_bytes_per_s'] * 8 / 1e9:.2f} Gb/s)"
                           for s in rec.get("slow_links") or []],
-            "mb": _num(rec.get("bytes")) and rec["bytes"] / MB}
+            "mb": num(rec.get("bytes")) and rec["bytes"] / MB}
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -580,7 +576,7 @@ def build(bench_dir: str | Path) -> tuple[Path, str, bool]:
         if r.world_size > 1 and r.speedup is not None:
             cards.append((f"speedup N={r.world_size}", _x(r.speedup),
                           f"model {_x(r.model_speedup)}, seed {_x(r.seed_speedup, 1)}"))
-    page = report._template().environment.get_template("bench.html.j2").render(
+    page = html.environment().get_template("bench.html.j2").render(
         bench_id=bench.bench_id, subtitle=f"started {s.get('started', '?')} · folder {root}",
         notes=notes, has_any=has_any, cards=cards, links=_links_view(bench.links), allreduce=ar_view,
         largest=largest, scaling=sc_view, plots=plots, settings=json.dumps(s.get("settings", {}), indent=1),

@@ -52,18 +52,18 @@ shares the host clock).
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import statistics
-import sys
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-Record = Mapping[str, Any]
+try:
+    from ddplab.records import Record, as_int, num
+except ImportError:  # shipped to a node as the fault role's module_utils (roles/fault/module_utils)
+    from ansible.module_utils.ddp_lab_records import Record, as_int, num  # type: ignore[no-redef]
+
 WorkerKey = tuple[str, int]  # (host, local_rank)
 
 MODES = ("kill-worker", "kill-agent", "poweroff", "freeze", "partition", "throttle", "rejoin")
@@ -82,7 +82,7 @@ class Injection:
     @classmethod
     def from_event(cls, event: Record) -> Injection:
         """Build from an events.jsonl record. Raises ValueError naming the missing/bad field."""
-        t = _num(event.get("time"))
+        t = num(event.get("time"))
         if t is None:
             raise ValueError(f"fault event without a numeric 'time': {dict(event)}")
         mode = event.get("mode")
@@ -93,7 +93,7 @@ class Injection:
             raise ValueError(f"fault event without a 'node': {dict(event)}")
         rank = event.get("rank")
         rank = int(rank) if isinstance(rank, int | float) and not isinstance(rank, bool) else None
-        return cls(time=t, mode=mode, node=node, rank=rank, duration_s=_num(event.get("duration_s")))
+        return cls(time=t, mode=mode, node=node, rank=rank, duration_s=num(event.get("duration_s")))
 
 
 @dataclass
@@ -134,73 +134,6 @@ class FaultMeasure:
         return d
 
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    v = float(value)
-    return v if math.isfinite(v) else None
-
-
-def _int(value: Any) -> int | None:
-    v = _num(value)
-    return int(v) if v is not None else None
-
-
-# ----------------------------------------------------------------------------- reading
-
-def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """Records of one JSONL file and the number of unreadable lines skipped.
-
-    A file fetched while a worker appends can end in a partial line: such lines are skipped,
-    not fatal. Raises OSError when the file cannot be read.
-    """
-    records: list[dict[str, Any]] = []
-    bad = 0
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                bad += 1
-                continue
-            if isinstance(obj, dict):
-                records.append(obj)
-            else:
-                bad += 1
-    return records, bad
-
-
-def load_events(run_dir: Path) -> list[dict[str, Any]]:
-    """All records of ``run_dir/events.jsonl`` ([] when the file does not exist)."""
-    path = Path(run_dir) / "events.jsonl"
-    if not path.is_file():
-        return []
-    return read_jsonl(path)[0]
-
-
-def load_metrics(root: Path) -> list[dict[str, Any]]:
-    """Every metrics record under ``root/<host>/metrics/*.jsonl`` (a run folder, or a folder of
-    freshly fetched live metrics with the same layout), sorted by ``time``.
-
-    A record without ``host`` gets the folder's host name. Raises FileNotFoundError when
-    ``root`` is not a folder.
-    """
-    root = Path(root)
-    if not root.is_dir():
-        raise FileNotFoundError(f"{root}: no such folder (expected a run folder runs/<run_id>)")
-    out: list[dict[str, Any]] = []
-    for path in sorted(root.glob("*/metrics/*.jsonl")):
-        host = path.parent.parent.name
-        for r in read_jsonl(path)[0]:
-            r.setdefault("host", host)
-            out.append(r)
-    out.sort(key=lambda r: _num(r.get("time")) or 0.0)
-    return out
-
-
 def injections(events: Iterable[Record]) -> list[Injection]:
     """The fault injections among ``events``, oldest first. Raises ValueError on a malformed one."""
     return sorted((Injection.from_event(e) for e in events if e.get("kind") == "fault"),
@@ -223,10 +156,10 @@ def _generations(records: Iterable[Record]) -> list[_Gen]:
     """Split each worker's records (sorted by time) into generations at its ``start`` records."""
     per_worker: dict[WorkerKey, list[Record]] = defaultdict(list)
     for r in records:
-        t = _num(r.get("time"))
+        t = num(r.get("time"))
         if t is None or not isinstance(r.get("host"), str):
             continue
-        per_worker[(r["host"], _int(r.get("local_rank")) or 0)].append(r)
+        per_worker[(r["host"], as_int(r.get("local_rank")) or 0)].append(r)
     gens: list[_Gen] = []
     for key, recs in per_worker.items():
         recs.sort(key=lambda r: r["time"])
@@ -243,11 +176,11 @@ def _generations(records: Iterable[Record]) -> list[_Gen]:
 
 
 def _steps(records: Iterable[Record]) -> list[Record]:
-    return [r for r in records if r.get("event") == "step" and _int(r.get("step")) is not None]
+    return [r for r in records if r.get("event") == "step" and as_int(r.get("step")) is not None]
 
 
 def _median_step_time(steps: Sequence[Record]) -> float | None:
-    vals = [v for r in steps if (v := _num(r.get("step_time_s"))) is not None]
+    vals = [v for r in steps if (v := num(r.get("step_time_s"))) is not None]
     return statistics.median(vals) if vals else None
 
 
@@ -265,7 +198,7 @@ def measure(inj: Injection, records: Sequence[Record], until: float | None = Non
     """
     t0 = inj.time
     end = until if until is not None else math.inf
-    recs = [r for r in records if (t := _num(r.get("time"))) is not None and t < end]
+    recs = [r for r in records if (t := num(r.get("time"))) is not None and t < end]
     before = [r for r in recs if r["time"] <= t0]
     after = [r for r in recs if r["time"] > t0]
     steps_before = _steps(before)
@@ -274,9 +207,9 @@ def measure(inj: Injection, records: Sequence[Record], until: float | None = Non
     m = FaultMeasure(
         mode=inj.mode, node=inj.node, rank=inj.rank, injected_at=t0, duration_s=inj.duration_s,
         detected_s=None, recovered_s=None, steps_lost=None,
-        world_size_before=_int(last_before.get("world_size")) if last_before else None,
+        world_size_before=as_int(last_before.get("world_size")) if last_before else None,
         world_size_after=None, outcome="no_data",
-        last_step_before=_int(last_before.get("step")) if last_before else None,
+        last_step_before=as_int(last_before.get("step")) if last_before else None,
     )
     if not after:
         return m
@@ -284,12 +217,12 @@ def measure(inj: Injection, records: Sequence[Record], until: float | None = Non
     # detection
     rc_before: dict[WorkerKey, int] = {}
     for r in before:
-        rc = _int(r.get("restart_count"))
+        rc = as_int(r.get("restart_count"))
         if rc is not None:
-            rc_before[(r["host"], _int(r.get("local_rank")) or 0)] = rc
+            rc_before[(r["host"], as_int(r.get("local_rank")) or 0)] = rc
     for r in after:
-        key = (r.get("host"), _int(r.get("local_rank")) or 0)
-        rc = _int(r.get("restart_count"))
+        key = (r.get("host"), as_int(r.get("local_rank")) or 0)
+        rc = as_int(r.get("restart_count"))
         ev = r.get("event")
         if ev in ("failure", "start") or (rc is not None and key in rc_before and rc > rc_before[key]):
             m.detected_s = r["time"] - t0
@@ -316,20 +249,20 @@ def measure(inj: Injection, records: Sequence[Record], until: float | None = Non
         t_rec, step_rec, gen = recovery
         m.outcome = "recovered"
         m.recovered_s = t_rec - t0
-        m.world_size_after = _int(step_rec.get("world_size"))
+        m.world_size_after = as_int(step_rec.get("world_size"))
         # last completed step before this generation started
         boundary = gen.start_time
         prior_steps = [r for r in _steps(recs) if r["time"] < boundary]
         newest = max(prior_steps, key=lambda r: r["time"], default=None)
-        last_done = _int(newest.get("step")) if newest else None
+        last_done = as_int(newest.get("step")) if newest else None
         t_newest = newest["time"] if newest else -math.inf
         for r in recs:
             if r.get("event") == "failure" and t_newest <= r["time"] < boundary:
-                s = _int(r.get("step"))
+                s = as_int(r.get("step"))
                 if s is not None and (last_done is None or s > last_done):
                     last_done = s
         m.last_step_before = last_done
-        resumed = _int(gen.start.get("resumed_from_step")) if gen.start else None
+        resumed = as_int(gen.start.get("resumed_from_step")) if gen.start else None
         m.resumed_from_step = resumed
         if last_done is not None and resumed is not None:
             m.steps_lost = max(0, last_done - resumed)
@@ -346,7 +279,7 @@ def measure(inj: Injection, records: Sequence[Record], until: float | None = Non
             m.outcome = "continued"
             m.steps_lost = 0
             first = min(steps_after_fault, key=lambda r: r["time"])
-            m.world_size_after = _int(first.get("world_size"))
+            m.world_size_after = as_int(first.get("world_size"))
             first_after_any = first["time"]
         elif ends:
             m.outcome = "finished"
@@ -398,15 +331,15 @@ def newest_per_worker(records: Iterable[Record]) -> list[dict[str, Any]]:
     world_size, restart_count, step (None when the record has none)."""
     newest: dict[WorkerKey, Record] = {}
     for r in records:
-        t = _num(r.get("time"))
+        t = num(r.get("time"))
         if t is None or not isinstance(r.get("host"), str):
             continue
-        key = (r["host"], _int(r.get("local_rank")) or 0)
+        key = (r["host"], as_int(r.get("local_rank")) or 0)
         if key not in newest or t >= newest[key]["time"]:
             newest[key] = r
     out = [{"host": k[0], "local_rank": k[1], "time": r["time"], "event": r.get("event"),
-            "rank": _int(r.get("rank")), "world_size": _int(r.get("world_size")),
-            "restart_count": _int(r.get("restart_count")), "step": _int(r.get("step"))}
+            "rank": as_int(r.get("rank")), "world_size": as_int(r.get("world_size")),
+            "restart_count": as_int(r.get("restart_count")), "step": as_int(r.get("step"))}
            for k, r in newest.items()]
     return sorted(out, key=lambda w: w["time"])
 
@@ -457,64 +390,3 @@ def format_table(measures: Sequence[FaultMeasure]) -> str:
         if m.outcome == "not_recovered":
             lines.append(f"{m.mode} {m.node}: not recovered - {m.cause}")
     return "\n".join(lines)
-
-
-def _write_summary(run_dir: Path, faults: list[dict[str, Any]]) -> Path:
-    """Store ``faults`` in run_dir/summary.json through ddplab.summary (the one writer of that
-    file) when it offers ``update_summary``; otherwise merge into the file atomically."""
-    try:
-        from ddplab import summary as _summary  # noqa: PLC0415 - optional collaborator
-    except ImportError:
-        _summary = None
-    if _summary is not None and hasattr(_summary, "update_summary"):
-        return _summary.update_summary(run_dir, faults=faults)
-    path = Path(run_dir) / "summary.json"
-    data = json.loads(path.read_text()) if path.is_file() else {"run_id": Path(run_dir).name}
-    data["faults"] = faults
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
-    return path
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """CLI: ``python -m ddplab.faults runs/<run_id> [--metrics DIR] [--json] [--last] [--no-write]``
-    and ``python -m ddplab.faults runs/<run_id> --rank-of R [--metrics DIR]``."""
-    p = argparse.ArgumentParser(prog="python -m ddplab.faults", description=__doc__.split("\n")[0])
-    p.add_argument("run_dir", type=Path, help="runs/<run_id> on the controller (holds events.jsonl)")
-    p.add_argument("--metrics", type=Path, default=None,
-                   help="folder of <host>/metrics/*.jsonl to read instead of the run folder (live fetch)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    p.add_argument("--last", action="store_true", help="only the newest injection")
-    p.add_argument("--no-write", action="store_true", help="do not update summary.json")
-    p.add_argument("--rank-of", type=int, default=None, metavar="R",
-                   help="print the host holding global rank R in the newest metrics, and exit")
-    a = p.parse_args(argv)
-    try:
-        records = load_metrics(a.metrics or a.run_dir)
-        if a.rank_of is not None:
-            host = node_of_rank(records, a.rank_of)
-            if host is None:
-                print(f"no worker holds rank {a.rank_of} in the metrics under {a.metrics or a.run_dir}",
-                      file=sys.stderr)
-                return 3
-            print(host)
-            return 0
-        measures = measure_all(load_events(a.run_dir), records)
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if not a.no_write:
-        _write_summary(a.run_dir, [m.to_dict() for m in measures])
-    shown = measures[-1:] if a.last else measures
-    if a.json:
-        print(json.dumps([m.to_dict() for m in shown], indent=2))
-    elif shown:
-        print(format_table(shown))
-    else:
-        print(f"no fault injections in {a.run_dir / 'events.jsonl'}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -29,6 +29,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ddplab.records import num
+
 DEFAULT_MARGIN = 0.20
 DEFAULT_WINDOW = 10
 DEFAULT_CLOCK_DROP = 0.80
@@ -68,12 +70,6 @@ class StragglerFinding:
         return asdict(self)
 
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if value == value else None  # NaN -> None
-
-
 def step_records(records: Iterable[Record]) -> dict[WorkerKey, list[Record]]:
     """Group the ``step`` records per worker, sorted by step, one record per step (the newest).
 
@@ -85,7 +81,7 @@ def step_records(records: Iterable[Record]) -> dict[WorkerKey, list[Record]]:
             continue
         key = (str(r["host"]), int(r.get("local_rank") or 0), r["step"])
         old = newest.get(key)
-        if old is None or (_num(r.get("time")) or 0.0) >= (_num(old.get("time")) or 0.0):
+        if old is None or (num(r.get("time")) or 0.0) >= (num(old.get("time")) or 0.0):
             newest[key] = r
     out: dict[WorkerKey, list[Record]] = defaultdict(list)
     for (host, lr, _step), r in newest.items():
@@ -117,7 +113,7 @@ def tail_by_step(records: Iterable[Record]) -> list[StepTail]:
     by_step: dict[int, list[tuple[float, WorkerKey]]] = defaultdict(list)
     for key, recs in step_records(records).items():
         for r in recs:
-            c = _num(r.get("compute_s"))
+            c = num(r.get("compute_s"))
             if c is not None:
                 by_step[r["step"]].append((c, key))
     out = []
@@ -142,7 +138,7 @@ def _streaks(points: list[tuple[int, float, Record]], flagged, window: int):
 
 def _finding(kind, key, run, last_step, reference, worst) -> StragglerFinding:
     ratios = [v for _, v, _ in run]
-    temps = [t for t in (_num(r.get("temp_c")) for _, _, r in run) if t is not None]
+    temps = [t for t in (num(r.get("temp_c")) for _, _, r in run) if t is not None]
     last_rank = run[-1][2].get("rank")
     return StragglerFinding(
         kind=kind,
@@ -193,7 +189,7 @@ def detect_stragglers(
     compute_at: dict[int, dict[WorkerKey, float]] = defaultdict(dict)
     for key, recs in workers.items():
         for r in recs:
-            c = _num(r.get("compute_s"))
+            c = num(r.get("compute_s"))
             if c is not None:
                 compute_at[r["step"]][key] = c
 
@@ -213,7 +209,7 @@ def detect_stragglers(
         for run in _streaks(rel, lambda v: v > 1 + margin, window):
             findings.append(_finding("slow_compute", key, run, last_step, None, max))
 
-        clocks = [(r["step"], mhz, r) for r in recs if (mhz := _num(r.get("cpu_mhz"))) and mhz > 0]
+        clocks = [(r["step"], mhz, r) for r in recs if (mhz := num(r.get("cpu_mhz"))) and mhz > 0]
         if len(clocks) >= window:
             nominal = _quantile([m for _, m, _ in clocks], clock_quantile)
             scaled = [(s, m / nominal, r) for s, m, r in clocks]

@@ -1,6 +1,7 @@
 """Run summary and live progress, from the metrics JSONL records (docs/CONTRACTS.md).
 
-Two jobs:
+Three jobs (this module is the only writer of ``summary.json``; the run folder is read by
+:mod:`ddplab.rundir`):
 
 * **summary** (controller, after collection): ``python -m ddplab.summary build runs/<run_id>``
   reads ``<host>/metrics/*.jsonl`` (+ ``<host>/result.json``, ``events.jsonl`` and an existing
@@ -8,6 +9,10 @@ Two jobs:
   summary. Fields: ``run_id, hosts, steps_completed, final_train_loss, final_val_loss, wall_s,
   world_size_timeline [{time, step, world_size}], restarts, faults, batch_policy, stragglers,
   report`` and, beyond the contract, ``max_steps, first_train_loss, per_host, sample``.
+* **faults** (controller, during and after a fault run): ``python -m ddplab.summary faults
+  runs/<run_id> [--metrics DIR] [--json] [--last] [--no-write]`` measures every injection of
+  ``events.jsonl`` with :mod:`ddplab.faults`, stores the list as ``faults`` in summary.json and
+  prints a table; ``--rank-of R`` prints the host holding global rank R now.
 * **progress** (each node, during training): ``python -m ddplab.summary progress --out-dir DIR
   [--unit ddp-lab-agent] [--json]`` prints one line for the node: step, loss, world size,
   tokens/s, restarts and the agent unit's state; ``--json`` adds the machine-readable fields the
@@ -38,116 +43,33 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-Record = Mapping[str, Any]
-SUMMARY_FILE = "summary.json"
+from ddplab import faults, straggler
+from ddplab.records import Record, as_int, events_of, num, read_metrics_dir
+from ddplab.rundir import (
+    SUMMARY_FILE,
+    RunFolder,
+    RunFolderError,
+    group_restarts,
+    load_run,
+    read_json,
+    world_size_timeline,
+)
+
 TAIL_BYTES = 256 * 1024  # progress reads at most this much of the end of each metrics file
-
-
-class SummaryError(Exception):
-    """Bad input: the run folder does not exist or holds nothing to summarise."""
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    v = float(value)
-    return v if math.isfinite(v) else None
-
-
-def _int(value: Any) -> int | None:
-    v = _num(value)
-    return int(v) if v is not None else None
-
-
-# ----------------------------------------------------------------------------- reading
-
-
-def parse_jsonl(text: str) -> list[dict[str, Any]]:
-    """JSON objects of a JSONL text; torn or non-object lines (a writer killed mid-line, a tail
-    cut in the middle of a line) are skipped."""
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict):
-            out.append(obj)
-    return out
-
-
-def read_metrics_dir(
-    metrics_dir: Path, host: str | None = None, tail_bytes: int | None = None
-) -> list[dict[str, Any]]:
-    """Records of every ``*.jsonl`` in ``metrics_dir`` (sorted by time; [] when it is missing).
-
-    ``tail_bytes``: read only that much of the end of each file. ``host``: default for records
-    without one.
-    """
-    out: list[dict[str, Any]] = []
-    if not metrics_dir.is_dir():
-        return out
-    for path in sorted(metrics_dir.glob("*.jsonl")):
-        with open(path, "rb") as fh:
-            if tail_bytes is not None:
-                fh.seek(0, os.SEEK_END)
-                fh.seek(max(0, fh.tell() - tail_bytes))
-            text = fh.read().decode("utf-8", errors="replace")
-        for r in parse_jsonl(text):
-            if host is not None:
-                r.setdefault("host", host)
-            out.append(r)
-    out.sort(key=lambda r: _num(r.get("time")) or 0.0)
-    return out
-
-
-def host_dirs(run_dir: Path) -> list[Path]:
-    """The per-host folders of a collected run: sub-folders holding metrics/ or journal.txt."""
-    return sorted(
-        p
-        for p in run_dir.iterdir()
-        if p.is_dir()
-        and not p.name.startswith(".")
-        and p.name != "plots"
-        and ((p / "metrics").is_dir() or (p / "journal.txt").is_file())
-    )
-
-
-def load_run(run_dir: Path) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
-    """``({host folder: its records}, all records sorted by time)`` of a collected run."""
-    per_host = {d.name: read_metrics_dir(d / "metrics", host=d.name) for d in host_dirs(run_dir)}
-    records = sorted(
-        (r for recs in per_host.values() for r in recs), key=lambda r: _num(r.get("time")) or 0.0
-    )
-    return per_host, records
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+SummaryError = RunFolderError  # bad input: the run folder does not exist
 
 
 # ----------------------------------------------------------------------------- figures
-
-
-def _events(records: Iterable[Record], event: str, rank: int | None = None) -> list[Record]:
-    return [r for r in records if r.get("event") == event and (rank is None or _int(r.get("rank")) == rank)]
 
 
 def steps_completed(records: Iterable[Record]) -> int:
@@ -156,35 +78,9 @@ def steps_completed(records: Iterable[Record]) -> int:
         s
         for r in records
         if r.get("event") in ("end", "step", "val", "checkpoint", "failure")
-        and (s := _int(r.get("step"))) is not None
+        and (s := as_int(r.get("step"))) is not None
     ]
     return max(steps, default=0)
-
-
-def world_size_timeline(records: Sequence[Record]) -> list[dict[str, Any]]:
-    """``[{time, step, world_size}]``: the first rank-0 record and every change of world size.
-
-    ``step`` of a ``start`` record is its ``resumed_from_step``. Falls back to every rank's
-    records when there are no rank-0 ones.
-    """
-    series = [r for r in records if r.get("event") in ("start", "step") and _int(r.get("rank")) == 0]
-    if not series:
-        series = [r for r in records if r.get("event") in ("start", "step")]
-    series = sorted(series, key=lambda r: _num(r.get("time")) or 0.0)
-    out: list[dict[str, Any]] = []
-    for r in series:
-        ws, t = _int(r.get("world_size")), _num(r.get("time"))
-        if ws is None or t is None:
-            continue
-        step = _int(r.get("step") if r.get("event") == "step" else r.get("resumed_from_step"))
-        if not out or out[-1]["world_size"] != ws:
-            out.append({"time": round(t, 3), "step": step or 0, "world_size": ws})
-    return out
-
-
-def group_restarts(records: Iterable[Record]) -> int:
-    """How many times the group re-formed: rank-0 ``start`` records minus one (0 when none)."""
-    return max(0, len(_events(records, "start", rank=0)) - 1)
 
 
 def final_losses(
@@ -192,26 +88,26 @@ def final_losses(
 ) -> tuple[float | None, float | None]:
     """``(final_train_loss, final_val_loss)``: rank-0 ``end`` record, else a result.json, else the
     newest ``val`` record."""
-    ends = _events(records, "end", rank=0) or _events(records, "end")
+    ends = events_of(records, "end", rank=0) or events_of(records, "end")
     if ends:
         e = ends[-1]
-        return _num(e.get("final_train_loss")), _num(e.get("final_val_loss"))
+        return num(e.get("final_train_loss")), num(e.get("final_val_loss"))
     for res in results:
-        if _num(res.get("final_val_loss")) is not None:
-            return _num(res.get("final_train_loss")), _num(res.get("final_val_loss"))
-    vals = _events(records, "val")
+        if num(res.get("final_val_loss")) is not None:
+            return num(res.get("final_train_loss")), num(res.get("final_val_loss"))
+    vals = events_of(records, "val")
     if vals:
-        return _num(vals[-1].get("train_loss")), _num(vals[-1].get("val_loss"))
+        return num(vals[-1].get("train_loss")), num(vals[-1].get("val_loss"))
     return None, None
 
 
 def wall_seconds(records: Sequence[Record]) -> float | None:
     """Rank-0 ``end`` ``wall_s``; else newest record time minus the oldest ``start`` time."""
-    ends = _events(records, "end", rank=0)
-    if ends and _num(ends[-1].get("wall_s")) is not None:
-        return _num(ends[-1].get("wall_s"))
-    starts = [t for r in _events(records, "start") if (t := _num(r.get("time"))) is not None]
-    times = [t for r in records if (t := _num(r.get("time"))) is not None]
+    ends = events_of(records, "end", rank=0)
+    if ends and num(ends[-1].get("wall_s")) is not None:
+        return num(ends[-1].get("wall_s"))
+    starts = [t for r in events_of(records, "start") if (t := num(r.get("time"))) is not None]
+    times = [t for r in records if (t := num(r.get("time"))) is not None]
     if not starts or not times:
         return None
     return round(max(times) - min(starts), 3)
@@ -220,53 +116,47 @@ def wall_seconds(records: Sequence[Record]) -> float | None:
 def first_train_loss(records: Sequence[Record]) -> float | None:
     """Loss of the earliest ``step`` record (by step, then time)."""
     steps = sorted(
-        _events(records, "step"), key=lambda r: (_int(r.get("step")) or 0, _num(r.get("time")) or 0)
+        events_of(records, "step"), key=lambda r: (as_int(r.get("step")) or 0, num(r.get("time")) or 0)
     )
     for r in steps:
-        if (v := _num(r.get("loss"))) is not None:
+        if (v := num(r.get("loss"))) is not None:
             return v
     return None
 
 
-def measure_faults(run_dir: Path, records: Sequence[Record], existing: Any) -> list[dict[str, Any]]:
+def measure_faults(run: RunFolder) -> list[dict[str, Any]]:
     """The ``faults`` list: measured by :mod:`ddplab.faults` when events.jsonl records injections,
-    else ``existing`` (the list summary.json already holds) or []."""
-    from ddplab import faults as _faults
-
+    else the list summary.json already holds (or [])."""
+    existing = run.summary.get("faults")
     kept = list(existing) if isinstance(existing, list) else []
-    events = _faults.load_events(run_dir)
-    if not any(e.get("kind") == "fault" for e in events):
+    if not any(e.get("kind") == "fault" for e in run.events):
         return kept
     try:
-        return [m.to_dict() for m in _faults.measure_all(events, list(records))]
+        return [m.to_dict() for m in faults.measure_all(run.events, run.records)]
     except ValueError as exc:  # a malformed fault event: keep what was there, say why
-        print(f"warning: {run_dir}/events.jsonl: {exc}; faults left as recorded", file=sys.stderr)
+        print(f"warning: {run.path}/events.jsonl: {exc}; faults left as recorded", file=sys.stderr)
         return kept
 
 
 def find_stragglers(records: Sequence[Record]) -> list[dict[str, Any]]:
     """Straggler findings of :mod:`ddplab.straggler` as dicts plus a ``text`` line each."""
-    from dataclasses import asdict
-
-    from ddplab import straggler
-
     return [{**asdict(f), "text": straggler.format_finding(f)} for f in straggler.detect_stragglers(records)]
 
 
 def per_host_figures(host: str, records: Sequence[Record], host_dir: Path | None) -> dict[str, Any]:
     """Figures of one node: last step, restarts, world sizes seen, throughput, files brought back."""
-    steps = _events(records, "step")
-    tok = sorted(v for r in steps if (v := _num(r.get("tokens_per_s"))) is not None)
+    steps = events_of(records, "step")
+    tok = sorted(v for r in steps if (v := num(r.get("tokens_per_s"))) is not None)
     out: dict[str, Any] = {
         "records": len(records),
         "last_step": steps_completed(records),
-        "restart_count": max((_int(r.get("restart_count")) or 0 for r in records), default=0),
-        "world_sizes": sorted({ws for r in steps if (ws := _int(r.get("world_size"))) is not None}),
+        "restart_count": max((as_int(r.get("restart_count")) or 0 for r in records), default=0),
+        "world_sizes": sorted({ws for r in steps if (ws := as_int(r.get("world_size"))) is not None}),
         "median_tokens_per_s": round(tok[len(tok) // 2], 1) if tok else None,
         "failures": [
-            {"step": _int(r.get("step")), "error": r.get("error")} for r in _events(records, "failure")
+            {"step": as_int(r.get("step")), "error": r.get("error")} for r in events_of(records, "failure")
         ],
-        "finished": bool(_events(records, "end")),
+        "finished": bool(events_of(records, "end")),
     }
     if host_dir is not None:
         ckpts = (
@@ -283,23 +173,24 @@ def per_host_figures(host: str, records: Sequence[Record], host_dir: Path | None
 def build_summary(run_dir: str | Path, hosts: Sequence[str] | None = None) -> dict[str, Any]:
     """The summary dict of a collected run folder (see the module docstring).
 
-    ``hosts``: the trainers of the run (default: the host folders found). Raises SummaryError when
-    ``run_dir`` is not a folder.
+    ``hosts``: the trainers of the run (default: the host folders found). Raises RunFolderError
+    (alias SummaryError) when ``run_dir`` is not a folder.
     """
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise SummaryError(f"{run_dir}: no such run folder (expected runs/<run_id>)")
-    existing = _read_json(run_dir / SUMMARY_FILE) or {}
-    per_host, records = load_run(run_dir)
-    hosts = sorted(hosts) if hosts else sorted(per_host)
-    results = [r for h in hosts if (r := _read_json(run_dir / h / "result.json"))]
+    run = load_run(run_dir)
+    run_dir, existing, per_host, records = run.path, run.summary, run.per_host, run.records
+    hosts = sorted(hosts) if hosts else run.hosts
+    results = [run.results[h] for h in hosts if h in run.results]
     train_loss, val_loss = final_losses(records, results)
-    starts = _events(records, "start")
-    max_steps = next((m for r in reversed(starts) if (m := _int(r.get("max_steps"))) is not None), None)
+    starts = events_of(records, "start")
+    # a run whose workers never started: max_steps of the run's configuration
+    max_steps = next(
+        (m for r in [*reversed(starts), *run.configs.values()]
+         if (m := as_int(r.get("max_steps"))) is not None),
+        None,
+    )
     sample_host = next((h for h in hosts if (run_dir / h / "sample.txt").is_file()), None)
     summary: dict[str, Any] = {
-        "run_id": existing.get("run_id")
-        or next((r["run_id"] for r in starts if r.get("run_id")), run_dir.name),
+        "run_id": run.run_id,
         "hosts": list(hosts),
         "steps_completed": steps_completed(records),
         "max_steps": max_steps,
@@ -309,7 +200,7 @@ def build_summary(run_dir: str | Path, hosts: Sequence[str] | None = None) -> di
         "wall_s": wall_seconds(records),
         "world_size_timeline": world_size_timeline(records),
         "restarts": group_restarts(records),
-        "faults": measure_faults(run_dir, records, existing.get("faults")),
+        "faults": measure_faults(run),
         "batch_policy": next(
             (r.get("batch_policy") for r in reversed(starts) if r.get("batch_policy")), None
         ),
@@ -338,7 +229,7 @@ def update_summary(run_dir: str | Path, **fields: Any) -> Path:
     """Merge ``fields`` into ``run_dir/summary.json`` (creating a minimal one with ``run_id`` when
     absent) and write it atomically; the hook other tools (ddplab.faults) write through."""
     run_dir = Path(run_dir)
-    data = _read_json(run_dir / SUMMARY_FILE) or {"run_id": run_dir.name}
+    data = read_json(run_dir / SUMMARY_FILE) or {"run_id": run_dir.name}
     data.update(fields)
     return write_summary(run_dir, data)
 
@@ -357,11 +248,11 @@ def human_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None)
         f"run {summary.get('run_id')}: {steps}/{max_steps if max_steps is not None else '?'} steps "
         f"on {len(hosts)} node(s) ({', '.join(hosts)}) - {'finished' if done else 'NOT finished'}"
     )
-    wall = _num(summary.get("wall_s"))
+    wall = num(summary.get("wall_s"))
     lines.append(
-        f"loss: train {_fmt(_num(summary.get('first_train_loss')))} -> "
-        f"{_fmt(_num(summary.get('final_train_loss')))}, "
-        f"val {_fmt(_num(summary.get('final_val_loss')))}; wall {_fmt(wall, '.0f')} s"
+        f"loss: train {_fmt(num(summary.get('first_train_loss')))} -> "
+        f"{_fmt(num(summary.get('final_train_loss')))}, "
+        f"val {_fmt(num(summary.get('final_val_loss')))}; wall {_fmt(wall, '.0f')} s"
     )
     tl = summary.get("world_size_timeline") or []
     if tl:
@@ -372,8 +263,8 @@ def human_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None)
         )
     for f in summary.get("faults") or []:
         lines.append(
-            f"fault {f.get('mode')} {f.get('node')}: detected {_fmt(_num(f.get('detected_s')), '.1f')} s, "
-            f"recovered {_fmt(_num(f.get('recovered_s')), '.1f')} s, steps lost {f.get('steps_lost', '-')}"
+            f"fault {f.get('mode')} {f.get('node')}: detected {_fmt(num(f.get('detected_s')), '.1f')} s, "
+            f"recovered {_fmt(num(f.get('recovered_s')), '.1f')} s, steps lost {f.get('steps_lost', '-')}"
         )
     for s in (summary.get("stragglers") or [])[:3]:
         lines.append(s.get("text", str(s)))
@@ -423,7 +314,7 @@ def job_state(unit: Mapping[str, str], records: Sequence[Record]) -> str:
     succeeded, else running.
     """
     if not unit:
-        return "succeeded" if _events(records, "end") else "running"
+        return "succeeded" if events_of(records, "end") else "running"
     if unit.get("LoadState") == "not-found":
         return "absent"
     active, sub, result = unit.get("ActiveState"), unit.get("SubState"), unit.get("Result")
@@ -433,7 +324,7 @@ def job_state(unit: Mapping[str, str], records: Sequence[Record]) -> str:
         return "succeeded" if unit.get("ExecMainStatus", "0") == "0" else "failed"
     if active in ("active", "activating", "reloading", "deactivating"):
         return "running"
-    return "succeeded" if _events(records, "end") else "absent"
+    return "succeeded" if events_of(records, "end") else "absent"
 
 
 def node_progress(records: Sequence[Record]) -> dict[str, Any]:
@@ -442,36 +333,36 @@ def node_progress(records: Sequence[Record]) -> dict[str, Any]:
     Returns ``{step, max_steps, loss, val_loss, world_size, tokens_per_s, restart_count, rank,
     age_s, finished, failure}`` (None where unknown); ``age_s``: seconds since the newest record.
     """
-    recs = sorted(records, key=lambda r: _num(r.get("time")) or 0.0)
-    steps = _events(recs, "step")
+    recs = sorted(records, key=lambda r: num(r.get("time")) or 0.0)
+    steps = events_of(recs, "step")
     last = steps[-1] if steps else {}
-    starts = _events(recs, "start")
-    vals = _events(recs, "val")
-    fails = _events(recs, "failure")
+    starts = events_of(recs, "start")
+    vals = events_of(recs, "val")
+    fails = events_of(recs, "failure")
     newest = recs[-1] if recs else {}
     failure = None
-    if fails and _num(fails[-1].get("time")) == _num(newest.get("time")):
+    if fails and num(fails[-1].get("time")) == num(newest.get("time")):
         failure = str(fails[-1].get("error"))
-    tnew = _num(newest.get("time"))
+    tnew = num(newest.get("time"))
     return {
         "step": next(
             (
-                _int(r.get("step"))
+                as_int(r.get("step"))
                 for r in reversed(recs)
                 if r.get("event") in ("step", "val", "checkpoint", "end", "failure")
-                and _int(r.get("step")) is not None
+                and as_int(r.get("step")) is not None
             ),
             None,
         ),
-        "max_steps": _int(starts[-1].get("max_steps")) if starts else None,
-        "loss": _num(last.get("loss")),
-        "val_loss": _num(vals[-1].get("val_loss")) if vals else None,
-        "world_size": _int(newest.get("world_size")),
-        "tokens_per_s": _num(last.get("tokens_per_s")),
-        "restart_count": _int(newest.get("restart_count")),
-        "rank": _int(newest.get("rank")),
+        "max_steps": as_int(starts[-1].get("max_steps")) if starts else None,
+        "loss": num(last.get("loss")),
+        "val_loss": num(vals[-1].get("val_loss")) if vals else None,
+        "world_size": as_int(newest.get("world_size")),
+        "tokens_per_s": num(last.get("tokens_per_s")),
+        "restart_count": as_int(newest.get("restart_count")),
+        "rank": as_int(newest.get("rank")),
         "age_s": round(time.time() - tnew, 1) if tnew is not None else None,
-        "finished": bool(_events(recs, "end")),
+        "finished": bool(events_of(recs, "end")),
         "failure": failure,
     }
 
@@ -525,17 +416,46 @@ def progress(out_dir: Path, unit: str | None, host: str | None = None) -> dict[s
     records of earlier launches too).
     """
     host = host or socket.gethostname()
-    records = read_metrics_dir(out_dir / "metrics", tail_bytes=TAIL_BYTES)
+    records, _skipped = read_metrics_dir(out_dir / "metrics", tail_bytes=TAIL_BYTES)
     u = unit_state(unit) if unit else {}
     since = unit_started_at(u)
     if since is not None:
-        records = [r for r in records if (_num(r.get("time")) or 0.0) >= since - 1.0]
+        records = [r for r in records if (num(r.get("time")) or 0.0) >= since - 1.0]
     state = job_state(u, records)
     p = node_progress(records)
     return {"host": host, "state": state, "unit": u, "progress": p, "line": format_progress(host, p, state)}
 
 
 # ----------------------------------------------------------------------------- CLI
+
+
+def faults_cli(a: argparse.Namespace) -> int:
+    """``summary faults``: exit 0 measured (and stored unless --no-write), 2 bad input, 3 --rank-of
+    names a rank no worker holds."""
+    try:
+        run = load_run(a.run_dir, a.metrics)
+        if a.rank_of is not None:
+            host = faults.node_of_rank(run.records, a.rank_of)
+            if host is None:
+                print(f"no worker holds rank {a.rank_of} in the metrics under {a.metrics or a.run_dir}",
+                      file=sys.stderr)
+                return 3
+            print(host)
+            return 0
+        measures = faults.measure_all(run.events, run.records)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not a.no_write:
+        update_summary(a.run_dir, faults=[m.to_dict() for m in measures])
+    shown = measures[-1:] if a.last else measures
+    if a.json:
+        print(json.dumps([m.to_dict() for m in shown], indent=2))
+    elif shown:
+        print(faults.format_table(shown))
+    else:
+        print(f"no fault injections in {a.run_dir / 'events.jsonl'}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -546,6 +466,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     b.add_argument("run_dir", type=Path)
     b.add_argument("--hosts", default="", help="comma-separated trainers of the run (default: host folders)")
     b.add_argument("--json", action="store_true", help="print the summary JSON instead of the text")
+    f = sub.add_parser("faults", help="measure the injections of events.jsonl into summary.json")
+    f.add_argument("run_dir", type=Path, help="runs/<run_id> on the controller (holds events.jsonl)")
+    f.add_argument("--metrics", type=Path, default=None,
+                   help="folder of <host>/metrics/*.jsonl to read instead of the run folder (live fetch)")
+    f.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    f.add_argument("--last", action="store_true", help="only the newest injection")
+    f.add_argument("--no-write", action="store_true", help="do not update summary.json")
+    f.add_argument("--rank-of", type=int, default=None, metavar="R",
+                   help="print the host holding global rank R in the newest metrics, and exit")
     p = sub.add_parser("progress", help="one progress line for this node")
     p.add_argument("--out-dir", type=Path, required=True, help="the run's folder on this node")
     p.add_argument("--unit", default="ddp-lab-agent", help="the agent's systemd unit ('' = none)")
@@ -561,6 +490,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_summary(a.run_dir, summary)
         print(json.dumps(summary, indent=2) if a.json else human_summary(summary, a.run_dir))
         return 0
+    if a.cmd == "faults":
+        return faults_cli(a)
     out = progress(a.out_dir, a.unit or None, a.host)
     print(json.dumps(out) if a.json else out["line"])
     return 0

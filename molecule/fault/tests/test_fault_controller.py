@@ -47,7 +47,8 @@ def faults(summary):
 
 
 def test_three_faults_were_recorded_and_measured(run_dir, summary):
-    from ddplab.faults import injections, load_events
+    from ddplab.faults import injections
+    from ddplab.rundir import load_events
 
     recorded = [(i.mode, i.node) for i in injections(load_events(run_dir))]
     assert [m for m, _ in recorded] == ["poweroff", "rejoin", "freeze"]
@@ -100,12 +101,12 @@ def test_training_completed(summary, run_dir, trainers):
 
 
 def test_artefacts_from_every_node(run_dir, summary, trainers):
-    from ddplab.summary import read_metrics_dir
+    from ddplab.records import read_metrics_dir
 
     assert len(trainers) == NODES and sorted(summary["hosts"]) == trainers
     for host in trainers:
         d = run_dir / host
-        recs = read_metrics_dir(d / "metrics")
+        recs, _skipped = read_metrics_dir(d / "metrics")
         assert any(r["event"] == "end" for r in recs), f"{host}: no end record"
         assert (d / "journal.txt").stat().st_size > 0, host
         assert list((d / "checkpoints").glob("ckpt-*.pt")), f"{host}: no checkpoint collected"

@@ -36,9 +36,9 @@ def summary(run_dir):
 
 
 def _records(host_dir: Path):
-    from ddplab.summary import read_metrics_dir
+    from ddplab.records import read_metrics_dir
 
-    return read_metrics_dir(host_dir / "metrics")
+    return read_metrics_dir(host_dir / "metrics")[0]
 
 
 def test_summary_fields(summary, run_dir):

@@ -94,8 +94,6 @@ measure:
   returned: when since is given
 """
 
-import glob  # noqa: E402
-import os  # noqa: E402
 import time  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
@@ -104,22 +102,18 @@ from ansible.module_utils.ddp_lab_faults import (  # noqa: E402
     measure,
     newest_per_worker,
     progress_phase,
-    read_jsonl,
 )
+from ansible.module_utils.ddp_lab_records import read_metrics_dir  # noqa: E402
 
 
 def read_records(module: AnsibleModule, metrics_dir: str) -> tuple[list, int]:
-    records: list = []
-    skipped = 0
-    for path in sorted(glob.glob(os.path.join(metrics_dir, "*.jsonl"))):
-        try:
-            recs, bad = read_jsonl(path)
-        except OSError as exc:
-            module.fail_json(msg=f"cannot read {path}: {exc}")
-        records.extend(recs)
-        skipped += bad
-    records.sort(key=lambda r: r.get("time") or 0.0)
-    return records, skipped
+    """(every record of metrics_dir/*.jsonl by time, torn lines skipped); fails the task when a
+    file cannot be read."""
+    try:
+        return read_metrics_dir(metrics_dir)
+    except OSError as exc:
+        module.fail_json(msg=f"cannot read the metrics in {metrics_dir}: {exc}")
+        raise  # not reached: fail_json exits
 
 
 def agent(module: AnsibleModule, unit: str) -> tuple[str, str, int]:

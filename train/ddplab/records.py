@@ -1,0 +1,112 @@
+"""Reading metrics records: the one JSONL parser and number helpers of ddplab (node and controller).
+
+The records are those of docs/CONTRACTS.md ("metrics JSONL records"): one JSON object a line,
+each with ``event``, ``time`` (unix s), ``host``, ``rank``, ``local_rank``, ``world_size`` and
+``restart_count``. A file read while a worker appends to it (or the tail of a file cut at an
+arbitrary byte) can hold torn lines: they are skipped and counted, never fatal.
+
+Standard library only: this module runs on the nodes (``ddplab.status``) and on the controller
+(``ddplab.controller.rundir``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+Record = Mapping[str, Any]
+
+
+def num(value: Any) -> float | None:
+    """``value`` as a finite float; None for a bool, a non-number, NaN or an infinity."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    v = float(value)
+    return v if math.isfinite(v) else None
+
+
+def as_int(value: Any) -> int | None:
+    """``value`` as an int (a float is truncated); None where :func:`num` gives None."""
+    v = num(value)
+    return int(v) if v is not None else None
+
+
+def record_time(record: Record) -> float:
+    """Sort key: the record's ``time`` (unix s), 0.0 when it has none."""
+    return num(record.get("time")) or 0.0
+
+
+def by_time(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``records`` sorted by ``time`` (stable: records without a time first, in their order)."""
+    return sorted(records, key=record_time)
+
+
+def events_of(records: Iterable[Record], event: str, rank: int | None = None) -> list[Record]:
+    """The records of one ``event`` (and, when given, of global rank ``rank``), in their order."""
+    return [r for r in records if r.get("event") == event and (rank is None or as_int(r.get("rank")) == rank)]
+
+
+def parse_jsonl(text: str) -> tuple[list[dict[str, Any]], int]:
+    """``(JSON objects of a JSONL text, number of lines skipped)``.
+
+    Blank lines are ignored; a line that is not JSON (torn by a killed writer or a cut tail) or
+    not an object is skipped and counted.
+    """
+    out: list[dict[str, Any]] = []
+    bad = 0
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            bad += 1
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+        else:
+            bad += 1
+    return out, bad
+
+
+def read_jsonl(path: str | Path, tail_bytes: int | None = None) -> tuple[list[dict[str, Any]], int]:
+    """``(records, lines skipped)`` of one JSONL file (see :func:`parse_jsonl`).
+
+    ``tail_bytes``: read only that much of the end of the file (its first line is then usually
+    cut, and skipped). Raises OSError when the file cannot be read.
+    """
+    with open(path, "rb") as fh:
+        if tail_bytes is not None:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - tail_bytes))
+        text = fh.read().decode("utf-8", errors="replace")
+    return parse_jsonl(text)
+
+
+def read_metrics_dir(
+    metrics_dir: str | Path, host: str | None = None, tail_bytes: int | None = None
+) -> tuple[list[dict[str, Any]], int]:
+    """``(records of every *.jsonl in metrics_dir sorted by time, lines skipped)``; ``([], 0)`` when
+    the folder is missing.
+
+    ``host``: set on records without one (the host folder a collected file came from).
+    ``tail_bytes``: see :func:`read_jsonl`. Raises OSError when a file cannot be read.
+    """
+    metrics_dir = Path(metrics_dir)
+    out: list[dict[str, Any]] = []
+    skipped = 0
+    if not metrics_dir.is_dir():
+        return out, skipped
+    for path in sorted(metrics_dir.glob("*.jsonl")):
+        recs, bad = read_jsonl(path, tail_bytes)
+        skipped += bad
+        for r in recs:
+            if host is not None:
+                r.setdefault("host", host)
+            out.append(r)
+    return by_time(out), skipped

@@ -1,0 +1,213 @@
+"""The report's figures, derived from a :class:`ddplab.rundir.RunFolder` (no files, no drawing).
+
+Every function takes the run folder as :func:`ddplab.rundir.load_run` read it and returns plain
+series and rows; :mod:`ddplab.report.plots` draws them and :mod:`ddplab.report.html` lays them out.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ddplab import straggler
+from ddplab.records import num
+from ddplab.rundir import GroupStart, RunFolder, group_starts, world_size_at, world_size_timeline
+
+RESTART_GAP_S = 20.0  # step records of one run of a step are closer than this
+Record = dict[str, Any]
+
+
+def first_set(*values: Any) -> Any:
+    """The first value that is not None (None when all are)."""
+    return next((v for v in values if v is not None), None)
+
+
+def step_series(run: RunFolder) -> dict[straggler.WorkerKey, list[Record]]:
+    """Step records per (host, local_rank), one per step (newest), sorted by step."""
+    return straggler.step_records(run.records)
+
+
+def loss_per_step(run: RunFolder) -> list[tuple[int, float]]:
+    """(step, train loss): per step, the lowest rank's loss from the newest time that step was run.
+
+    A step redone after a restart counts once (its newest run); records of one run of a step are
+    within RESTART_GAP_S of each other.
+    """
+    recs: dict[int, list[Record]] = defaultdict(list)
+    for r in run.by_event("step"):
+        ok = num(r.get("loss")) is not None and num(r.get("time")) is not None
+        if isinstance(r.get("step"), int) and ok:
+            recs[r["step"]].append(r)
+    out = []
+    for s in sorted(recs):
+        newest = max(r["time"] for r in recs[s])
+        last_run = [r for r in recs[s] if r["time"] >= newest - RESTART_GAP_S]
+        best = min(last_run, key=lambda r: r.get("rank") if isinstance(r.get("rank"), int) else 1 << 30)
+        out.append((s, float(best["loss"])))
+    return out
+
+
+def val_points(run: RunFolder) -> list[tuple[int, float]]:
+    """(step, val loss), one per step."""
+    pts = {r["step"]: float(r["val_loss"]) for r in run.by_event("val")
+           if isinstance(r.get("step"), int) and num(r.get("val_loss")) is not None}
+    return sorted(pts.items())
+
+
+Restart = GroupStart  # one (re)start of the group: time, resumed step, world size, initial
+
+
+def restarts(run: RunFolder) -> list[Restart]:
+    """The group's (re)starts (:func:`ddplab.rundir.group_starts`: one per rank-0 ``start`` record)."""
+    return group_starts(run.records)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault injection, from summary.json ``faults`` or from events.jsonl (records with a mode)."""
+
+    mode: str
+    node: str
+    rank: Any
+    time: float | None
+    detected_s: float | None = None
+    recovered_s: float | None = None
+    steps_lost: Any = None
+    world_size_before: Any = None
+    world_size_after: Any = None
+    outcome: str = ""
+
+
+_SOURCE_REF = re.compile(r"\[[^\]\s]*/[^\]\s]*:\d+\]\s*")
+
+
+def short_cause(text: str, limit: int = 160) -> str:
+    """A failure message cut to what a reader needs in a table cell.
+
+    Drops source references such as ``[/__w/pytorch/.../pair.cc:553]`` and gloo's boilerplate advice
+    ("This is typically caused by ..."), keeps characters of the Basic Multilingual Plane only (the
+    report's fonts have no emoji), and ends with "…" past ``limit`` characters.
+    """
+    t = _SOURCE_REF.sub("", str(text))
+    t = re.split(r"\.\s+This is typically caused", t, maxsplit=1)[0]
+    t = "".join(ch for ch in t if ord(ch) <= 0xFFFF)
+    t = " ".join(t.split())
+    return t if len(t) <= limit else t[: limit - 1].rstrip() + "…"
+
+
+def _outcome(f: dict[str, Any]) -> str:
+    parts = [str(f["outcome"])] if f.get("outcome") else []
+    if f.get("cause"):
+        parts.append(f"cause: {short_cause(f['cause'])}")
+    notes = f.get("notes")
+    if isinstance(notes, list):
+        parts += [str(n) for n in notes]
+    return "; ".join(parts)
+
+
+def faults(run: RunFolder) -> list[Fault]:
+    """summary.json faults (as measured by ddplab.faults) when present, else events.jsonl ``kind: fault``."""
+    src = run.summary.get("faults")
+    if isinstance(src, list) and src:
+        return [Fault(str(f.get("mode", "?")), str(f.get("node", "?")), f.get("rank"),
+                      num(f.get("injected_at")), num(f.get("detected_s")), num(f.get("recovered_s")),
+                      f.get("steps_lost"), f.get("world_size_before"), f.get("world_size_after"), _outcome(f))
+                for f in src if isinstance(f, dict)]
+    return [Fault(str(e.get("mode")), str(e.get("node", "?")), e.get("rank"), num(e.get("time")),
+                  outcome="not measured (no summary.json faults)")
+            for e in run.events if e.get("kind") == "fault"]
+
+
+def step_at(run: RunFolder, t: float | None) -> int | None:
+    """The last step completed (any rank) at unix time ``t``."""
+    if t is None:
+        return None
+    done = [r["step"] for r in run.by_event("step") if isinstance(r.get("step"), int)
+            and (num(r.get("time")) or math.inf) <= t]
+    return max(done) if done else None
+
+
+def world_size_points(run: RunFolder) -> list[tuple[float, int]]:
+    """(unix time, world size) at every rank-0 ``step`` record, in time order, the world size read
+    from the run's one :func:`ddplab.rundir.world_size_timeline` (what the world-size plot draws)."""
+    timeline = world_size_timeline(run.records)
+    times = sorted({t for r in run.by_event("step", rank=0) if (t := num(r.get("time"))) is not None})
+    return [(t, ws) for t in times if (ws := world_size_at(timeline, t)) is not None]
+
+
+def ws_sequence(run: RunFolder) -> list[int]:
+    """The world sizes the group went through, in order (e.g. [3, 2, 3])."""
+    return [e["world_size"] for e in world_size_timeline(run.records)]
+
+
+def idle_gaps(times: Sequence[float], min_gap_s: float = 5.0) -> list[tuple[float, float]]:
+    """Intervals between consecutive step times longer than max(min_gap_s, 5 x median interval)."""
+    if len(times) < 3:
+        return []
+    deltas = [b - a for a, b in zip(times, times[1:], strict=False)]
+    limit = max(min_gap_s, 5 * statistics.median(deltas))
+    return [(a, b) for a, b in zip(times, times[1:], strict=False) if b - a > limit]
+
+
+@dataclass
+class WorldSizeRow:
+    world_size: int
+    steps: int
+    step_s: float | None
+    compute_share: float | None
+    allreduce_share: float | None
+    tokens_per_s: float | None
+
+
+def per_world_size(run: RunFolder) -> list[WorldSizeRow]:
+    """Median figures of rank-0 step records grouped by world size."""
+    groups: dict[int, list[Record]] = defaultdict(list)
+    for recs in step_series(run).values():
+        for r in recs:
+            if r.get("rank") == 0 and isinstance(r.get("world_size"), int):
+                groups[r["world_size"]].append(r)
+    rows = []
+    for ws in sorted(groups):
+        g = groups[ws]
+
+        def med(key: str, g=g) -> float | None:
+            vals = [v for r in g if (v := num(r.get(key))) is not None]
+            return statistics.median(vals) if vals else None
+
+        c, a, s = med("compute_s"), med("allreduce_s"), med("step_time_s")
+        tot = (c or 0) + (a or 0)
+        rows.append(WorldSizeRow(ws, len(g), s, c / tot if c is not None and tot else None,
+                                 a / tot if a is not None and tot else None, med("tokens_per_s")))
+    return rows
+
+
+def time_span(run: RunFolder) -> tuple[float, float]:
+    """(first, last) unix time of the metrics records; of the events when there are no records;
+    (now, now) when there is neither."""
+    times = [t for r in run.records if (t := num(r.get("time"))) is not None]
+    ev_times = [t for e in run.events if (t := num(e.get("time"))) is not None]
+    t0 = min(times) if times else (min(ev_times) if ev_times else time.time())
+    return t0, max(times) if times else t0
+
+
+def run_status(run: RunFolder, fl: Sequence[Fault],
+               findings: Sequence[straggler.StragglerFinding]) -> tuple[str, str]:
+    """(status text, css class ok|warn|bad) of the run: finished, failed, incomplete or no metrics."""
+    status, status_class = "finished", "ok"
+    if not run.by_event("step"):
+        status, status_class = "no metrics", "bad"
+    elif run.by_event("failure") and not run.by_event("end"):
+        status, status_class = "failed", "bad"
+    elif not run.by_event("end"):
+        status, status_class = "incomplete (no end record)", "warn"
+    elif fl:
+        status, status_class = f"finished, {len(fl)} fault(s) survived", "ok"
+    if findings:
+        status_class = "warn" if status_class == "ok" else status_class
+    return status, status_class

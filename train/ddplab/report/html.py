@@ -1,0 +1,153 @@
+"""The report's page: figures of :mod:`ddplab.report.data` formatted and laid out by the jinja2
+template ``templates/report.html.j2`` (no scripts, no CDN, inline CSS: opens offline)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from ddplab import straggler
+from ddplab.records import num
+from ddplab.report.data import (
+    Fault,
+    Restart,
+    faults,
+    first_set,
+    loss_per_step,
+    per_world_size,
+    restarts,
+    run_status,
+    step_at,
+    time_span,
+    val_points,
+    ws_sequence,
+)
+from ddplab.rundir import RunFolder
+
+TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
+
+
+def environment() -> jinja2.Environment:
+    """The jinja2 environment of the report templates (autoescape, strict undefined)."""
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATE_DIR), autoescape=True,
+                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+
+
+def _fmt_s(v: float | None, digits: int = 1) -> str:
+    return "—" if v is None else f"{v:.{digits}f} s"
+
+
+def _fmt_clock(t: float | None, t0: float) -> str:
+    if t is None:
+        return "—"
+    d = t - t0
+    return f"{'-' if d < 0 else ''}{int(abs(d)) // 60}:{int(abs(d)) % 60:02d}"
+
+
+def _fmt_wall(s: float | None) -> str:
+    if s is None:
+        return "—"
+    s = int(round(s))
+    return f"{s // 3600}h {s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m {s % 60:02d}s"
+
+
+def _fmt_params(n: float | None) -> str:
+    if not n:
+        return "—"
+    return f"{n / 1e6:.2f} M params" if n >= 1e6 else f"{n / 1e3:.1f} k params"
+
+
+def _fmt_loss(v: Any) -> str:
+    x = num(v)
+    return "—" if x is None else f"{x:.3f}"
+
+
+def key_figures(run: RunFolder, rs: list[Restart], fl: list[Fault],
+                findings: list[straggler.StragglerFinding], t0: float, t1: float) -> list[tuple[str, str]]:
+    """The figures shown as cards: summary.json values, else derived from the metrics."""
+    s = run.summary
+    steps = [r["step"] for r in run.by_event("step") if isinstance(r.get("step"), int)]
+    ends = run.by_event("end")
+    vals = val_points(run)
+    hosts = s.get("hosts") or sorted({str(r["host"]) for r in run.records if r.get("host")})
+    if isinstance(hosts, dict):
+        hosts = sorted(hosts)
+    tr = loss_per_step(run)
+    end = ends[-1] if ends else {}
+    # summary.json holds null for a run that ended without its final evaluation: show the last seen
+    final_train = first_set(s.get("final_train_loss"), end.get("final_train_loss"),
+                             tr[-1][1] if tr else None)
+    final_val = first_set(s.get("final_val_loss"), end.get("final_val_loss"), vals[-1][1] if vals else None)
+    start = next(iter(run.by_event("start")), {})
+    tok = [w.tokens_per_s for w in per_world_size(run) if w.tokens_per_s is not None]
+    params = num(start.get("params"))
+    if "steps_completed" in s:
+        done = ("steps completed", str(s["steps_completed"]))
+    else:
+        done = ("last step", str(max(steps)) if steps else "—")
+    figures = [
+        done,
+        ("final train loss", _fmt_loss(final_train)),
+        ("final val loss", _fmt_loss(final_val)),
+        ("wall time", _fmt_wall(num(s.get("wall_s")) or (t1 - t0 if steps else None))),
+        ("nodes", f"{len(hosts)}: {', '.join(map(str, hosts))}" if hosts else "—"),
+        ("world sizes", " → ".join(str(w) for w in ws_sequence(run)) or "—"),
+        ("restarts", str(s.get("restarts", sum(1 for r in rs if not r.initial)))),
+        ("faults injected", str(len(fl))),
+        ("batch policy", str(s.get("batch_policy") or start.get("batch_policy") or "—")),
+        ("model", _fmt_params(params)),
+        ("tokens/s (max N)", f"{tok[-1]:,.0f}" if tok else "—"),
+        ("stragglers", ", ".join(sorted({f.host for f in findings})) or "none"),
+    ]
+    return figures
+
+
+def render_page(run: RunFolder, findings: list[straggler.StragglerFinding], plots: dict[str, str],
+                cpu_has: tuple[bool, bool], margin: float, window: int, clock_drop: float) -> str:
+    """The report page (HTML text) of ``run``: key figures, recoveries, restarts, straggler
+    findings, per-world-size figures and events, linking the ``plots`` (name -> relative path)."""
+    t0, t1 = time_span(run)
+    rs, fl = restarts(run), faults(run)
+    recoveries = []
+    for f in fl:
+        ws = "—"
+        if f.world_size_before is not None or f.world_size_after is not None:
+            ws = f"{f.world_size_before if f.world_size_before is not None else '?'} → " \
+                 f"{f.world_size_after if f.world_size_after is not None else '?'}"
+        recoveries.append({
+            "mode": f.mode, "node": f.node, "rank": "—" if f.rank is None else f.rank,
+            "injected": _fmt_clock(f.time, t0), "step": step_at(run, f.time) if f.time else "—",
+            "detected": _fmt_s(f.detected_s), "recovered": _fmt_s(f.recovered_s),
+            "steps_lost": "—" if f.steps_lost is None else f.steps_lost, "ws": ws, "outcome": f.outcome,
+        })
+    status, status_class = run_status(run, fl, findings)
+    known = {"time", "kind", "mode", "node"}
+    events = [{"t": _fmt_clock(num(e.get("time")), t0),
+               "clock": time.strftime("%H:%M:%S", time.localtime(num(e.get("time")) or 0))
+               if num(e.get("time")) is not None else "—", "kind": e.get("kind") or "",
+               "mode": e.get("mode") or "", "node": e.get("node") or "",
+               "rest": ", ".join(f"{k}={v}" for k, v in e.items() if k not in known and v is not None)}
+              for e in run.events]
+    per_ws = [{"world_size": w.world_size, "steps": w.steps, "step": _fmt_s(w.step_s, 3),
+               "compute": "—" if w.compute_share is None else f"{w.compute_share:.0%}",
+               "allreduce": "—" if w.allreduce_share is None else f"{w.allreduce_share:.0%}",
+               "tokens": "—" if w.tokens_per_s is None else f"{w.tokens_per_s:,.0f}"}
+              for w in per_world_size(run)]
+    start_txt = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0))
+    return environment().get_template("report.html.j2").render(
+        run_id=run.run_id, status=status, status_class=status_class,
+        subtitle=f"started {start_txt} · {len(run.metrics_files)} metrics file(s) · folder {run.path}",
+        notes=run.notes, no_metrics=not run.by_event("step"), path=str(run.path),
+        metrics_files=run.metrics_files, n_records=len(run.records),
+        key_figures=key_figures(run, rs, fl, findings, t0, t1), plots=plots, recoveries=recoveries,
+        restarts=[f"{_fmt_clock(r.time, t0)} N={r.world_size} from step {r.step}"
+                  + (" (launch)" if r.initial else "") for r in rs],
+        findings=[{"kind": f.kind.replace("_", " "), "host": f.host, "rank": f.rank,
+                   "steps": f"{f.from_step}–{f.to_step}", "ratio": f"{f.ratio:.2f} ({f.worst_ratio:.2f})",
+                   "text": straggler.format_finding(f)} for f in findings],
+        margin_pct=f"{margin:.0%}", window=window, clock_pct=f"{clock_drop:.0%}",
+        per_ws=per_ws, cpu_has=cpu_has, events=events, made=time.strftime("%Y-%m-%d %H:%M:%S"),
+    )
