@@ -8,10 +8,11 @@ import sys
 import textwrap
 import time
 
+import numpy as np
 import pytest
 import torch
 from conftest import TRAIN_DIR
-from ddplab.checkpoint import CheckpointError, CheckpointStore
+from ddplab.checkpoint import CheckpointError, CheckpointStore, serialize
 from ddplab.distributed import agree_on_checkpoint
 
 
@@ -23,8 +24,9 @@ def test_roundtrip_and_sha256sum_sidecar(tmp_path):
     store = CheckpointStore(tmp_path / "ck", keep=3)
     result = store.save(state(5))
     assert result.written and result.path.name == "ckpt-00000005.pt"
-    side = (tmp_path / "ck" / "ckpt-00000005.pt.sha256").read_text()
-    assert side == f"{hashlib.sha256(result.path.read_bytes()).hexdigest()}  ckpt-00000005.pt\n"
+    side = (tmp_path / "ck" / "ckpt-00000005.pt.sha256").read_text().splitlines()
+    assert side[0] == f"{hashlib.sha256(result.path.read_bytes()).hexdigest()}  ckpt-00000005.pt"
+    assert side[1] == '# ddplab {"finite": true, "loss": null, "step": 5}'  # sha256sum -c skips it
     loaded = store.load(5)
     assert loaded["step"] == 5 and torch.equal(loaded["model"]["w"], torch.full((10,), 5.0))
 
@@ -61,17 +63,18 @@ def test_corrupt_newest_falls_back_to_previous(tmp_path):
     rejected = [(p.name, "differs from sidecar" in why) for p, why in scan.rejected]
     assert rejected == [("ckpt-00000003.pt", True)]
     assert store.load(2)["step"] == 2
-    with pytest.raises(CheckpointError, match="sha256"):
+    assert (tmp_path / "ckpt-00000003.pt.corrupt").exists()  # moved aside, not deleted
+    with pytest.raises(CheckpointError, match="unreadable"):
         store.load(3)
     # the group agreement (alone: no process group) picks the same fallback
     agreement = agree_on_checkpoint(store)
     assert agreement.step == 2 and agreement.holder == 0 and agreement.data == blob
 
 
-def test_missing_sidecar_or_garbage_is_skipped(tmp_path):
+def test_garbage_is_moved_aside_and_replaced(tmp_path):
     store = CheckpointStore(tmp_path, keep=5)
     store.save(state(1))
-    (tmp_path / "ckpt-00000002.pt").write_bytes(b"half a checkpoint")  # no sidecar: interrupted
+    (tmp_path / "ckpt-00000002.pt").write_bytes(b"half a checkpoint")  # no sidecar
     garbage = b"not a torch file"
     (tmp_path / "ckpt-00000003.pt").write_bytes(garbage)
     (tmp_path / "ckpt-00000003.pt.sha256").write_text(
@@ -80,8 +83,11 @@ def test_missing_sidecar_or_garbage_is_skipped(tmp_path):
     assert scan.step == 1
     reasons = dict((p.name, why) for p, why in scan.rejected)
     assert "cannot parse" in reasons["ckpt-00000003.pt"]
-    assert "no .sha256 sidecar" in reasons["ckpt-00000002.pt"]
-    # an invalid file of the same step is replaced by a real save; newer stale ones are kept
+    assert "cannot parse" in reasons["ckpt-00000002.pt"]
+    assert store.steps() == [1]
+    assert [p.name for p in scan.set_aside] == ["ckpt-00000002.pt.corrupt", "ckpt-00000003.pt.corrupt"]
+    assert (tmp_path / "ckpt-00000003.pt.sha256.corrupt").exists()
+    # the next save of that step writes a real checkpoint
     store.save(state(2))
     assert store.load(2)["step"] == 2
 
@@ -105,11 +111,11 @@ def test_failure_between_write_and_replace_keeps_previous(tmp_path, monkeypatch)
 WRITER = textwrap.dedent("""
     import sys, torch
     sys.path.insert(0, sys.argv[2])
-    from ddplab.checkpoint import CheckpointStore
+    from ddplab.checkpoint import CheckpointStore, serialize
     store = CheckpointStore(sys.argv[1], keep=3)
     store.save({"step": 1, "samples_seen": 12, "model": {"w": torch.ones(4)}})
     print("ready", flush=True)
-    payload = b"x" * (256 << 20)
+    payload = serialize({"step": 2, "samples_seen": 0, "model": {"w": torch.zeros(64 << 20)}})
     step = 2
     while True:
         store.save_bytes(step, payload)
@@ -169,3 +175,95 @@ def test_missing_folder_is_created_only_on_request(tmp_path):
     store.check()
     assert (tmp_path / "a" / "b").is_dir()
     assert store.newest_valid()[0].step is None
+
+
+def test_loadable_checkpoint_without_sidecar_is_adopted(tmp_path):
+    """Issue 15 case 2: a complete file whose sidecar is gone is resumed from, not discarded."""
+    store = CheckpointStore(tmp_path, keep=3)
+    store.save(state(10))
+    store.save(state(20))
+    for name in ("ckpt-00000010.pt", "ckpt-00000010.pt.sha256", "ckpt-00000020.pt.sha256"):
+        (tmp_path / name).unlink()
+    before = (tmp_path / "ckpt-00000020.pt").read_bytes()
+    scan, data = store.newest_valid()
+    assert scan.step == 20 and data == before and scan.rejected == []
+    side = (tmp_path / "ckpt-00000020.pt.sha256").read_text().splitlines()[0]
+    assert side == f"{hashlib.sha256(before).hexdigest()}  ckpt-00000020.pt"
+    assert not store.save(state(20)).written  # valid now: a save of step 20 keeps it
+    assert (tmp_path / "ckpt-00000020.pt").read_bytes() == before
+
+
+def unloadable_state(step: int) -> dict:
+    """Matches its sidecar but fails torch.load(weights_only=True): it holds a numpy scalar."""
+    return {**state(step), "extra": np.float64(1.5)}
+
+
+def test_unloadable_checkpoint_is_set_aside_replaced_and_never_counted(tmp_path):
+    """Issue 15 case 3: a file that matches its sidecar but does not load with weights_only."""
+    store = CheckpointStore(tmp_path, keep=2)
+    store.save(state(10))
+    with pytest.raises(CheckpointError, match="cannot parse"):
+        store.save(unloadable_state(20))  # the store itself refuses to write one
+    data = serialize(unloadable_state(20))
+    (tmp_path / "ckpt-00000020.pt").write_bytes(data)
+    (tmp_path / "ckpt-00000020.pt.sha256").write_text(
+        f"{hashlib.sha256(data).hexdigest()}  ckpt-00000020.pt\n")
+    scan, _ = store.newest_valid()
+    assert scan.step == 10 and "cannot parse" in scan.rejected[0][1]
+    assert (tmp_path / "ckpt-00000020.pt.corrupt").exists() and store.steps() == [10]
+    assert store.save(state(20)).written  # training reaches step 20 again: a real checkpoint
+    assert store.load(20)["step"] == 20
+    # a corrupt file is not one of the K: saving 30 keeps 20 and 30 (K = 2), drops 10
+    (tmp_path / "ckpt-00000025.pt").write_bytes(b"garbage")
+    store.save(state(30))
+    assert store.steps() == [20, 30]
+    assert (tmp_path / "ckpt-00000025.pt.corrupt").exists()
+
+
+def test_unloadable_sidecar_match_when_saving_same_step_is_replaced(tmp_path):
+    store = CheckpointStore(tmp_path, keep=3)
+    data = serialize(unloadable_state(7))
+    (tmp_path / "ckpt-00000007.pt").write_bytes(data)
+    (tmp_path / "ckpt-00000007.pt.sha256").write_text(
+        f"{hashlib.sha256(data).hexdigest()}  ckpt-00000007.pt\n")
+    assert store.save(state(7)).written
+    assert store.newest_valid()[0].step == 7
+
+
+def test_non_finite_checkpoint_never_evicts_a_finite_one(tmp_path):
+    store = CheckpointStore(tmp_path, keep=2)
+    store.save(state(10))
+    store.save(state(20))
+    nan = {"step": 30, "samples_seen": 0, "model": {"w": torch.full((4,), float("nan"))}}
+    assert store.save(nan).written
+    assert store.steps() == [10, 20, 30]  # nothing pruned for it
+    side = (tmp_path / "ckpt-00000030.pt.sha256").read_text()
+    assert '"finite": false' in side
+    scan, _ = store.newest_valid()
+    assert scan.step == 20 and "non-finite" in scan.rejected[0][1]
+    store.save(state(40))  # a finite one counts 20 and 40; the non-finite 30 is neither counted nor deleted
+    assert store.steps() == [20, 30, 40]
+
+
+def test_accept_is_part_of_validity_for_load_scan_and_agreement(tmp_path):
+    store = CheckpointStore(tmp_path, keep=3)
+    store.save(state(1))
+    store.save({**state(2), "model": {"w": torch.zeros(3)}})
+    picky = CheckpointStore(tmp_path, keep=3,
+                            accept=lambda s: None if s["model"]["w"].numel() == 10 else "another shape")
+    scan, _ = picky.newest_valid()
+    assert scan.step == 1 and "another shape" in scan.rejected[0][1]
+    assert agree_on_checkpoint(picky).step == 1
+    with pytest.raises(CheckpointError, match="another shape"):
+        picky.load(2)
+    assert picky.steps() == [1, 2]  # not corrupt: left in place
+
+
+def test_found_unusable_when_only_corrupt_files_remain(tmp_path):
+    store = CheckpointStore(tmp_path, keep=3)
+    (tmp_path / "ckpt-00000005.pt").write_bytes(b"junk")
+    scan, _ = store.newest_valid()
+    assert scan.step is None and scan.found_unusable
+    again, _ = store.newest_valid()  # a later start still knows something was there
+    assert again.rejected == [] and again.found_unusable
+    assert not CheckpointStore(tmp_path / "empty").newest_valid()[0].found_unusable

@@ -1,15 +1,23 @@
-"""Per-node checkpoints: atomic writes, sha256 sidecars, keep-last-K, verified loads with fallback.
+"""Per-node checkpoints: atomic writes, sha256 sidecars, keep-last-K, one validity test, fallback.
 
 Layout (one folder per node, no shared filesystem)::
 
     <out_dir>/checkpoints/ckpt-00000100.pt          torch.save of the training state
     <out_dir>/checkpoints/ckpt-00000100.pt.sha256   "<hex>  ckpt-00000100.pt" (sha256sum format)
+                                                    + "# ddplab {"finite": true, "loss": ...}"
+    <out_dir>/checkpoints/ckpt-00000100.pt.corrupt  an unloadable file, moved aside (never counted)
     <out_dir>/checkpoints/.lock                     flock: one writer per node at a time
 
-A write goes: serialize in memory -> temp file in the same folder -> fsync -> sidecar temp ->
-fsync -> ``os.replace`` the checkpoint, then the sidecar -> fsync the folder. A checkpoint counts
-only when both files exist and the hash matches, so a crash at any point leaves the previous
-checkpoints intact and loadable. An existing valid checkpoint is never overwritten.
+A write goes: serialize in memory -> check it loads -> temp file in the same folder -> fsync ->
+sidecar temp -> fsync -> ``os.replace`` the checkpoint, then the sidecar -> fsync the folder.
+
+Validity, one definition (:meth:`CheckpointStore.inspect`) used by load, save, keep-K and the
+cross-node agreement: the file matches its sidecar when it has one, loads with
+``torch.load(weights_only=True)`` as a training state, holds finite weights, and passes the run's
+``accept`` test (its config matches). A loadable file without sidecar (crash between the two
+renames, or a sidecar deleted by hand) is adopted: its sidecar is written. A file that does not
+load or does not match its sidecar is moved aside to ``*.corrupt``. Keep-K counts and deletes
+valid checkpoints only, and prunes nothing after saving a non-finite one.
 """
 
 from __future__ import annotations
@@ -17,9 +25,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import json
+import math
 import os
 import re
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +41,8 @@ from ddplab.data import file_lock
 
 _NAME = re.compile(r"^ckpt-(\d{8,})\.pt$")
 _TMP_MARK = ".tmp-"
+_META = "# ddplab "  # sidecar comment line (sha256sum -c ignores lines starting with '#')
+CORRUPT_SUFFIX = ".corrupt"
 
 
 class CheckpointError(RuntimeError):
@@ -49,11 +62,50 @@ class SaveResult:
 
 @dataclass
 class ScanResult:
-    """Newest valid checkpoint (or None) and the newer ones rejected, as (path, reason)."""
+    """Newest valid checkpoint (or None), the newer ones rejected as (path, reason), and the
+    files found set aside as ``*.corrupt`` (now or by an earlier run)."""
 
     step: int | None
     path: Path | None
     rejected: list[tuple[Path, str]] = field(default_factory=list)
+    set_aside: list[Path] = field(default_factory=list)
+
+    @property
+    def found_unusable(self) -> bool:
+        """Checkpoints exist but none of them is valid (a silent fresh start would lose them)."""
+        return self.step is None and bool(self.rejected or self.set_aside)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of :meth:`CheckpointStore.inspect` for one step.
+
+    ``valid``: usable for a resume. ``reason``: why not (None when valid). ``corrupt``: it did not
+    load or did not match its sidecar (it was moved aside). ``finite``: all floating-point weights
+    are finite (None when it did not load). ``adopted``: its missing sidecar was written now.
+    """
+
+    step: int
+    valid: bool
+    reason: str | None = None
+    corrupt: bool = False
+    finite: bool | None = None
+    adopted: bool = False
+
+
+def weights_finite(state: dict[str, Any]) -> bool:
+    """True when every floating-point tensor of ``state["model"]`` is finite."""
+    model = state.get("model", {})
+    return all(bool(torch.isfinite(t).all()) for t in model.values()
+               if isinstance(t, torch.Tensor) and t.is_floating_point())
+
+
+def sidecar_text(name: str, digest: str, state: dict[str, Any]) -> str:
+    """sha256sum line plus a ``# ddplab {...}`` line: finiteness and the step's training loss."""
+    loss = state.get("train_loss")
+    meta = {"step": int(state["step"]), "finite": weights_finite(state),
+            "loss": loss if isinstance(loss, float) and math.isfinite(loss) else None}
+    return f"{digest}  {name}\n{_META}{json.dumps(meta, sort_keys=True)}\n"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -78,6 +130,17 @@ def serialize(state: dict[str, Any]) -> bytes:
     return buf.getvalue()
 
 
+def _one_line(exc: Exception) -> str:
+    """torch's weights-only error spans many lines: keep the unpickler's cause (first sentence)."""
+    text = str(exc)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        cause = text.split(marker, 1)[1].strip().splitlines()[0]
+        return "weights_only load failed: " + cause.split(". ")[0][:160]
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
+    return first[:160]
+
+
 def deserialize(data: bytes) -> dict[str, Any]:
     """Inverse of :func:`serialize` (``weights_only=True``: tensors and plain containers only).
 
@@ -87,7 +150,7 @@ def deserialize(data: bytes) -> dict[str, Any]:
     try:
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for garbage input
-        raise CheckpointError(f"cannot parse checkpoint: {exc}") from None
+        raise CheckpointError(f"cannot parse checkpoint: {_one_line(exc)}") from None
     if not isinstance(state, dict) or "step" not in state:
         raise CheckpointError("checkpoint does not hold a training state dict")
     return state
@@ -98,14 +161,37 @@ class CheckpointStore:
 
     Args:
         directory: the folder (created when missing).
-        keep: how many of the newest checkpoints to keep (K >= 1).
+        keep: how many of the newest valid checkpoints to keep (K >= 1).
+        accept: the run's own test of a loaded state: None when it may be resumed, else the
+            reason (e.g. another model shape). None accepts every loadable state.
     """
 
-    def __init__(self, directory: str | Path, keep: int = 3) -> None:
+    def __init__(self, directory: str | Path, keep: int = 3,
+                 accept: Callable[[dict[str, Any]], str | None] | None = None) -> None:
         if keep < 1:
             raise ValueError(f"keep = {keep} must be >= 1")
         self.dir = Path(directory)
         self.keep = keep
+        self.accept = accept
+        self._lock_depth = 0
+        self._valid_seen: dict[int, tuple[int, int]] = {}  # step -> (size, mtime_ns) found valid
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The node-wide flock, re-entrant within this process."""
+        if self._lock_depth:
+            self._lock_depth += 1
+            try:
+                yield
+            finally:
+                self._lock_depth -= 1
+            return
+        with file_lock(self.dir / ".lock"):
+            self._lock_depth = 1
+            try:
+                yield
+            finally:
+                self._lock_depth = 0
 
     # --- folder -------------------------------------------------------------------------------
     def check(self, create: bool = True) -> None:
@@ -167,50 +253,111 @@ class CheckpointStore:
             raise CheckpointError(f"checkpoint folder {self.dir} is unreadable: {exc.strerror}") from None
         return sorted(int(m.group(1)) for n in names if (m := _NAME.match(n)))
 
-    # --- verification -------------------------------------------------------------------------
-    def read_verified(self, step: int) -> bytes:
-        """The bytes of checkpoint ``step`` after checking them against the sidecar.
+    def set_aside(self) -> list[Path]:
+        """Files moved aside as ``*.corrupt`` (this run or earlier)."""
+        with contextlib.suppress(OSError):
+            return sorted(self.dir / n for n in os.listdir(self.dir)
+                          if n.endswith(".pt" + CORRUPT_SUFFIX))
+        return []
 
-        Raises:
-            CheckpointError: missing file or sidecar, unreadable, or hash mismatch.
+    # --- validity -----------------------------------------------------------------------------
+    def _sidecar_digest(self, path: Path) -> str | None:
+        """The hex digest of the sidecar, or None when it is missing or unreadable."""
+        try:
+            first = self.sidecar(path).read_text(encoding="ascii").split()
+        except (OSError, UnicodeDecodeError):
+            return None
+        return first[0] if first and re.fullmatch(r"[0-9a-f]{64}", first[0]) else None
+
+    def inspect(self, step: int, repair: bool = True) -> tuple[Verdict, bytes | None]:
+        """The validity test of checkpoint ``step``; returns the verdict and, when valid, its bytes.
+
+        With ``repair`` (not in ``--check``), a loadable file without sidecar gets one and a
+        corrupt file is moved aside to ``*.corrupt`` (under the node's lock).
         """
         path = self.path_for(step)
         try:
-            expected = self.sidecar(path).read_text(encoding="ascii").split()[0]
-        except FileNotFoundError:
-            raise CheckpointError(f"{path.name}: no .sha256 sidecar (interrupted write?)") from None
-        except (OSError, UnicodeDecodeError, IndexError) as exc:
-            raise CheckpointError(f"{path.name}: unreadable sidecar: {exc}") from None
-        try:
             data = path.read_bytes()
         except OSError as exc:
-            raise CheckpointError(f"{path.name}: unreadable: {exc.strerror}") from None
-        got = hashlib.sha256(data).hexdigest()
-        if got != expected:
-            raise CheckpointError(f"{path.name}: sha256 {got} differs from sidecar {expected}")
-        return data
+            return Verdict(step, False, f"{path.name}: unreadable: {exc.strerror or exc}"), None
+        digest = hashlib.sha256(data).hexdigest()
+        expected = self._sidecar_digest(path)
+        if expected is not None and expected != digest:
+            return self._corrupt(step, f"{path.name}: sha256 {digest} differs from sidecar {expected}",
+                                 repair), None
+        try:
+            state = deserialize(data)
+        except CheckpointError as exc:
+            return self._corrupt(step, f"{path.name}: {exc}", repair), None
+        finite = weights_finite(state)
+        if not finite:
+            return Verdict(step, False, f"{path.name}: non-finite weights (a diverged run)",
+                           finite=False), None
+        why = self.accept(state) if self.accept else None
+        if why:
+            return Verdict(step, False, f"{path.name}: {why}", finite=True), None
+        with contextlib.suppress(OSError):
+            st = path.stat()
+            self._valid_seen[step] = (st.st_size, st.st_mtime_ns)
+        adopted = False
+        if expected is None and repair:
+            with self._locked():
+                tmp = self.sidecar(path).with_name(f".{path.name}.sha256{_TMP_MARK}{os.getpid()}")
+                try:
+                    _write_durable(tmp, sidecar_text(path.name, digest, state).encode("ascii"))
+                    os.replace(tmp, self.sidecar(path))
+                    _fsync_dir(self.dir)
+                    adopted = True
+                except OSError:
+                    tmp.unlink(missing_ok=True)  # read-only folder: still valid, adopted next time
+        return Verdict(step, True, finite=True, adopted=adopted), data
 
-    def newest_valid(self) -> tuple[ScanResult, bytes | None]:
-        """Scan from the newest step down; return the first checkpoint that verifies and parses.
+    def _seen_valid(self, step: int) -> bool:
+        """Found valid earlier by this process and unchanged since (size, mtime, sidecar)."""
+        path = self.path_for(step)
+        try:
+            st = path.stat()
+        except OSError:
+            return False
+        return (self._valid_seen.get(step) == (st.st_size, st.st_mtime_ns)
+                and self._sidecar_digest(path) is not None)
 
-        Returns ``(scan, data)`` where ``data`` are the verified bytes (None when none is valid).
+    def _corrupt(self, step: int, reason: str, repair: bool) -> Verdict:
+        if repair:
+            path = self.path_for(step)
+            with self._locked(), contextlib.suppress(OSError):
+                for src in (self.sidecar(path), path):
+                    if src.exists():
+                        os.replace(src, src.with_name(src.name + CORRUPT_SUFFIX))
+                _fsync_dir(self.dir)
+            reason += f" (moved aside to {path.name}{CORRUPT_SUFFIX})"
+        return Verdict(step, False, reason, corrupt=True)
+
+    def newest_valid(self, repair: bool = True) -> tuple[ScanResult, bytes | None]:
+        """Scan from the newest step down; return the first valid checkpoint (see :meth:`inspect`).
+
+        Returns ``(scan, data)`` where ``data`` are its verified bytes (None when none is valid).
         """
         rejected: list[tuple[Path, str]] = []
         for step in reversed(self.steps()):
-            try:
-                data = self.read_verified(step)
-                deserialize(data)
-            except CheckpointError as exc:
-                rejected.append((self.path_for(step), str(exc)))
-                continue
-            return ScanResult(step, self.path_for(step), rejected), data
-        return ScanResult(None, None, rejected), None
+            verdict, data = self.inspect(step, repair)
+            if verdict.valid:
+                return ScanResult(step, self.path_for(step), rejected, self.set_aside()), data
+            rejected.append((self.path_for(step), verdict.reason or "invalid"))
+        return ScanResult(None, None, rejected, self.set_aside()), None
 
     def load(self, step: int) -> dict[str, Any]:
-        """The verified state of checkpoint ``step``. Raises CheckpointError."""
-        return deserialize(self.read_verified(step))
+        """The state of checkpoint ``step`` when it is valid (nothing is repaired).
 
-    # --- writing ------------------------------------------------------------------------------
+        Raises:
+            CheckpointError: it is not valid (the reason).
+        """
+        verdict, data = self.inspect(step, repair=False)
+        if not verdict.valid or data is None:
+            raise CheckpointError(verdict.reason or f"checkpoint {step} is not valid")
+        return deserialize(data)
+
+    # --- writing ---------------------------------------------------------------------------
     def save(self, state: dict[str, Any]) -> SaveResult:
         """Write ``state`` (which holds ``step``) atomically; see :meth:`save_bytes`."""
         return self.save_bytes(int(state["step"]), serialize(state))
@@ -218,28 +365,29 @@ class CheckpointStore:
     def save_bytes(self, step: int, data: bytes) -> SaveResult:
         """Write serialized checkpoint ``data`` for ``step`` atomically, then prune to K.
 
-        Does nothing when a valid checkpoint of ``step`` already exists (never overwrites one).
+        Does nothing when a valid checkpoint of ``step`` already exists (never overwrites one); an
+        invalid one of that step is replaced (a corrupt one is moved aside first).
 
         Raises:
-            CheckpointError: the folder is unusable or the write fails (temp files are removed;
-                existing checkpoints are untouched).
+            CheckpointError: ``data`` does not load with ``weights_only=True``, the folder is
+                unusable or the write fails (temp files are removed; existing checkpoints are
+                untouched).
         """
         t0 = time.perf_counter()
+        state = deserialize(data)  # never write what a resume could not load
         self.check()
         path = self.path_for(step)
         side = self.sidecar(path)
-        digest = hashlib.sha256(data).hexdigest()
+        text = sidecar_text(path.name, hashlib.sha256(data).hexdigest(), state)
         tmp = path.with_name(f".{path.name}{_TMP_MARK}{os.getpid()}")
         tmp_side = side.with_name(f".{side.name}{_TMP_MARK}{os.getpid()}")
-        with file_lock(self.dir / ".lock"):
+        with self._locked():
             self._remove_stale_temps()
-            if path.exists():
-                with contextlib.suppress(CheckpointError):
-                    self.read_verified(step)
-                    return SaveResult(step, path, path.stat().st_size, time.perf_counter() - t0, False)
+            if path.exists() and self.inspect(step)[0].valid:
+                return SaveResult(step, path, path.stat().st_size, time.perf_counter() - t0, False)
             try:
                 _write_durable(tmp, data)
-                _write_durable(tmp_side, f"{digest}  {path.name}\n".encode("ascii"))
+                _write_durable(tmp_side, text.encode("ascii"))
                 os.replace(tmp, path)
                 os.replace(tmp_side, side)
                 _fsync_dir(self.dir)
@@ -248,7 +396,10 @@ class CheckpointStore:
             finally:
                 tmp.unlink(missing_ok=True)
                 tmp_side.unlink(missing_ok=True)
-            self._prune(step)
+            if weights_finite(state):
+                st = path.stat()
+                self._valid_seen[step] = (st.st_size, st.st_mtime_ns)
+                self._prune(step)
         return SaveResult(step, path, len(data), time.perf_counter() - t0, True)
 
     def _remove_stale_temps(self) -> None:
@@ -259,9 +410,19 @@ class CheckpointStore:
                     os.unlink(self.dir / name)
 
     def _prune(self, current: int) -> None:
-        """Keep ``current`` and the K-1 newest older steps; never touch newer (stale) steps."""
-        older = [s for s in self.steps() if s < current]
-        drop = older[: max(0, len(older) - (self.keep - 1))]
+        """Keep ``current`` and the K-1 newest older *valid* steps; delete older valid ones.
+
+        Invalid files (non-finite, another run's) are neither counted nor deleted; newer
+        (stale) steps are never touched.
+        """
+        kept, drop = 1, []
+        for step in reversed([s for s in self.steps() if s < current]):
+            if not (self._seen_valid(step) or self.inspect(step)[0].valid):
+                continue
+            if kept < self.keep:
+                kept += 1
+            else:
+                drop.append(step)
         for step in drop:
             path = self.path_for(step)
             for victim in (self.sidecar(path), path):  # sidecar first: never a valid half-deleted one

@@ -79,12 +79,18 @@ class TrainConfig:
     base_lr: float = 1e-2
     reference_batch_size: int = 36
     warmup_steps: int = 30
+    # steps over which the LR moves from its old to its new value after a world-size change
+    # (Goyal et al. 2017 gradual warmup, re-applied); null = warmup_steps, 0 = jump at once
+    lr_ramp_steps: int | None = None
     min_lr_ratio: float = 0.1
     max_steps: int = 350
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.99
     grad_clip: float = 1.0
+    # divergence guard: after warmup, a training loss above ln(vocab_size) + this margin (nats)
+    # stops the run (exit 3) before the step is applied; non-finite loss/gradients always do
+    divergence_margin: float = 3.0
     # evaluation, checkpoints, logging
     eval_interval: int = 100
     eval_iters: int = 20
@@ -96,6 +102,8 @@ class TrainConfig:
     pg_timeout_s: float = 60.0
     seed: int = 1337
     threads: int | None = None
+    # checkpoints were found but none is usable: start over (True) or stop with an error (False)
+    allow_fresh_start: bool = False
 
     def validate(self) -> TrainConfig:
         """Check every field; return ``self``.
@@ -128,7 +136,14 @@ class TrainConfig:
             isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads <= 0
         ):
             raise bad("threads", "must be a positive integer or null (= physical cores)")
-        for key in ("base_lr", "pg_timeout_s"):
+        if self.lr_ramp_steps is not None and (
+            isinstance(self.lr_ramp_steps, bool) or not isinstance(self.lr_ramp_steps, int)
+            or self.lr_ramp_steps < 0
+        ):
+            raise bad("lr_ramp_steps", "must be an integer >= 0 or null (= warmup_steps)")
+        if not isinstance(self.allow_fresh_start, bool):
+            raise bad("allow_fresh_start", "must be true or false")
+        for key in ("base_lr", "pg_timeout_s", "divergence_margin"):
             value = getattr(self, key)
             if not _is_real(value) or value <= 0:
                 raise bad(key, "must be a number > 0")
@@ -165,6 +180,10 @@ class TrainConfig:
         """The configuration as a JSON-ready dict."""
         return dataclasses.asdict(self)
 
+    def ramp_steps(self) -> int:
+        """Length of the LR ramp after a world-size change (``lr_ramp_steps``, else warmup)."""
+        return self.warmup_steps if self.lr_ramp_steps is None else self.lr_ramp_steps
+
     def model_shape(self) -> dict[str, int]:
         """The fields that a checkpoint must match to be resumed."""
         return {key: getattr(self, key) for key in MODEL_SHAPE_FIELDS}
@@ -198,6 +217,12 @@ def _coerce(key: str, value: Any) -> Any:
         return None
     if value is None:
         return None
+    if want is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "yes", "1", "false", "no", "0"):
+            return value.lower() in ("true", "yes", "1")
+        raise ConfigError(f"config key '{key}' = {value!r}: must be true or false")
     try:
         if want is int:
             if isinstance(value, bool):
@@ -281,6 +306,10 @@ def make_parser() -> argparse.ArgumentParser:
         flag = "--" + f.name.replace("_", "-")
         alias = "--" + f.name
         names = [flag] if flag == alias else [flag, alias]
+        if FIELD_TYPES[f.name] is bool:  # --allow-fresh-start, or --allow-fresh-start false
+            parser.add_argument(*names, dest=f.name, nargs="?", const=True, metavar="BOOL",
+                                help=f"(default {f.default!r})")
+            continue
         parser.add_argument(
             *names, dest=f.name, metavar=FIELD_TYPES[f.name].__name__.upper(),
             help=f"(default {f.default!r})",

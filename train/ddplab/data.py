@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ddplab.outputs import OutputError, check_writable_dir
+
 TRAIN_FRACTION = 0.9
 #: Sampler streams: training order, evaluation windows of the val split, evaluation windows of train.
 STREAM_TRAIN, STREAM_VAL_EVAL, STREAM_TRAIN_EVAL = 0, 1, 2
@@ -102,6 +104,25 @@ def download(url: str, dest: str | Path, sha256: str | None, timeout_s: float = 
     finally:
         tmp.unlink(missing_ok=True)
     return dest
+
+
+def dataset_present(path: str | Path, url: str | None) -> bool:
+    """For ``--check``, touching nothing: True when the dataset file exists (verify it with
+    :func:`load_dataset`), False when it would be downloaded from ``url``.
+
+    Raises:
+        DataError: missing with no ``url``, or its folder could not be created or written.
+    """
+    path = Path(path).expanduser()
+    if path.exists():
+        return True
+    if not url:
+        raise DataError(f"dataset {path} does not exist and no data_url is set")
+    try:
+        check_writable_dir(path.parent, "dataset", create=False)
+    except OutputError as exc:
+        raise DataError(str(exc)) from None
+    return False
 
 
 def fetch_dataset(path: str | Path, url: str | None, sha256: str | None) -> Path:

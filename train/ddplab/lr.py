@@ -107,3 +107,39 @@ def lr_at(
     progress = min(1.0, max(0.0, (step - warmup_steps) / span))
     floor = min_lr_ratio * peak
     return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def ramp_lr_scale(segments: list[tuple[int, float]], step: int, ramp_steps: int) -> float:
+    """LR scale in effect at optimizer step ``step`` when the world size changed over time.
+
+    ``segments`` are ``(first_step, lr_scale)`` per (re)start, ascending by step (the world-size
+    history of a checkpoint); ``ramp_steps`` is the ramp length R (0 = jump at once). Gradual
+    warmup of Goyal et al. 2017 ("Accurate, Large Minibatch SGD", section 2.2), re-applied at
+    every change of the global batch: when a segment starting at step ``s`` changes the scale from
+    ``a`` (the scale in effect at step ``s - 1``, itself possibly mid-ramp) to ``b``, step ``t >= s``
+    uses ``a + (b - a) * min(1, (t - s + 1) / R)``, so ``b`` is reached at step ``s + R - 1``.
+    A restart that keeps the scale continues the running ramp unchanged (exact resume).
+
+    Raises:
+        ValueError: empty ``segments`` or ``ramp_steps < 0``.
+    """
+    if not segments:
+        raise ValueError("ramp_lr_scale needs at least one (first_step, lr_scale) segment")
+    if ramp_steps < 0:
+        raise ValueError(f"ramp_steps = {ramp_steps} must be >= 0")
+
+    def at(start: int, a: float, b: float, t: int) -> float:
+        if ramp_steps == 0 or a == b:
+            return b
+        frac = min(1.0, max(0.0, (t - start + 1) / ramp_steps))
+        return a + (b - a) * frac
+
+    start, from_scale, to_scale = segments[0][0], segments[0][1], segments[0][1]
+    for seg_start, scale in segments[1:]:
+        if seg_start > step:
+            break
+        if scale == to_scale:
+            continue  # same global batch: the running ramp goes on
+        from_scale = at(start, from_scale, to_scale, seg_start - 1)
+        start, to_scale = seg_start, scale
+    return at(start, from_scale, to_scale, step)

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ddplab.outputs import OutputError
+
 EVENTS = ("start", "step", "val", "checkpoint", "failure", "end")
 
 
@@ -41,29 +43,43 @@ class MetricsWriter:
         restart_count: int,
     ) -> None:
         self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / f"{host}-local{local_rank}.jsonl"
         self.common = {"host": host, "rank": rank, "local_rank": local_rank,
                        "world_size": world_size, "restart_count": restart_count}
-        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (lives as long as the run)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (lives as long as the run)
+        except OSError as exc:
+            raise self._error(exc) from None
+
+    def _error(self, exc: OSError) -> OutputError:
+        return OutputError(f"cannot write metrics file {self.path} ({exc.strerror or exc}): "
+                           "fix the folder or set another out_dir")
 
     def write(self, event: str, **fields: Any) -> dict[str, Any]:
         """Append one record and flush it; return the record.
 
         Raises:
             ValueError: an unknown event name.
+            OutputError: the file cannot be written (one line).
         """
         if event not in EVENTS:
             raise ValueError(f"unknown metrics event {event!r}; expected one of {EVENTS}")
         record = {"event": event, "time": round(time.time(), 6), **self.common, **_clean(fields)}
-        self._fh.write(json.dumps(record, separators=(",", ":")) + "\n")
-        self._fh.flush()
+        try:
+            self._fh.write(json.dumps(record, separators=(",", ":")) + "\n")
+            self._fh.flush()
+        except OSError as exc:
+            raise self._error(exc) from None
         return record
 
     def sync(self) -> None:
-        """fsync the file (at checkpoints, failures and the end)."""
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        """fsync the file (at checkpoints, failures and the end). Raises OutputError."""
+        try:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+        except OSError as exc:
+            raise self._error(exc) from None
 
     def close(self) -> None:
         if not self._fh.closed:

@@ -7,13 +7,16 @@ worker (SIGTERM), the worker saves the last *completed* step before it exits non
 restarted group loses no step. See docs/training.md.
 
 Exit codes: 0 finished ``max_steps``; 1 training failed (after an emergency checkpoint when
-possible); 2 bad input (nothing was changed); 128 + signal when stopped by a signal.
+possible); 2 bad input or an output that cannot be written (one line, before the first step where
+it can be known); 3 training diverged (the step was not applied, no checkpoint written; see
+ddplab.divergence); 128 + signal when stopped by a signal.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -37,6 +40,7 @@ from ddplab.data import (
     CharDataset,
     DataError,
     WindowSampler,
+    dataset_present,
     get_batch,
     load_dataset,
     mix,
@@ -49,13 +53,18 @@ from ddplab.distributed import (
     all_reduce_scalar,
     destroy_process_group,
     init_process_group,
+    wait,
 )
-from ddplab.lr import BatchPlan, BatchPolicyError, lr_at, plan_batch
+from ddplab.divergence import EXIT_DIVERGED, Diverged, divergence_reason
+from ddplab.lr import BatchPlan, BatchPolicyError, lr_at, plan_batch, ramp_lr_scale
 from ddplab.metrics import MetricsWriter
 from ddplab.model import GPT, GPTConfig
+from ddplab.outputs import OutputError, check_writable_dir
 
 CHECKPOINT_FORMAT = 1
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+#: Errors that mean bad input or an unwritable output: one line, exit 2.
+INPUT_ERRORS = (DataError, CheckpointError, BatchPolicyError, OutputError, ValueError)
 
 
 class Terminated(BaseException):
@@ -93,6 +102,11 @@ class SignalGuard:
             return
         raise Terminated(signum)
 
+    def shield(self) -> None:
+        """From now on every SIGTERM/SIGINT is only recorded (the emergency path: its checkpoint
+        and records are written whatever arrives; the process exits right after)."""
+        self.depth += 1
+
     @contextlib.contextmanager
     def critical(self):
         self.depth += 1
@@ -105,12 +119,27 @@ class SignalGuard:
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
+    """Temp file, fsync, rename, fsync the folder (the rename itself survives a power cut).
+
+    Raises:
+        OutputError: the file cannot be written (the temp file is removed).
+    """
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OutputError(f"cannot write {path} ({exc.strerror or exc}): fix the folder or "
+                          "set another out_dir") from None
 
 
 class Trainer:
@@ -135,19 +164,30 @@ class Trainer:
         self.last_val_step: int | None = None
         self.session_tokens = 0
         self.loop_seconds = 0.0
+        self.fresh_start_reason: str | None = None
 
     # --- setup: everything that can reject bad input runs before anything is written ---------
-    def validate_inputs(self) -> None:
-        """Dataset, block size, checkpoint folder and batch policy.
+    def validate_inputs(self, check_only: bool = False) -> None:
+        """Dataset, block size, output folders and batch policy.
+
+        ``check_only`` (``--check``) changes nothing on disk: a missing dataset is not downloaded
+        (``self.data`` stays None) and the folders are not created. A run creates the output
+        folders and probes that it can write each, before the process group and the first step.
 
         Raises:
-            DataError, CheckpointError, BatchPolicyError: one clear message each.
+            DataError, CheckpointError, OutputError, BatchPolicyError: one clear message each.
         """
         cfg = self.cfg
-        self.data: CharDataset = load_dataset(cfg.data_path, cfg.data_url, cfg.data_sha256)
-        self.data.check_block_size(cfg.block_size)
-        self.store = CheckpointStore(self.out / "checkpoints", cfg.keep_checkpoints)
+        self.data: CharDataset | None = None
+        if not check_only or dataset_present(cfg.data_path, cfg.data_url):
+            self.data = load_dataset(cfg.data_path, cfg.data_url, cfg.data_sha256)
+            self.data.check_block_size(cfg.block_size)
+        self.store = CheckpointStore(self.out / "checkpoints", cfg.keep_checkpoints,
+                                     accept=self._incompatibility)
         self.store.check(create=False)
+        for folder, what in ((self.out, "output"), (self.store.dir, "checkpoint"),
+                             (self.out / "metrics", "metrics")):
+            check_writable_dir(folder, what, create=not check_only)
         if cfg.batch_policy == "keep_global" and cfg.global_batch_size is not None:
             plan_batch(cfg.batch_policy, self.env.world_size, cfg.per_rank_batch_size,
                        cfg.reference_batch_size, cfg.global_batch_size)
@@ -174,10 +214,10 @@ class Trainer:
         agreement = agree_on_checkpoint(self.store)
         for path, why in agreement.local.rejected:
             print(f"[rank {env.rank}] skipping checkpoint {path}: {why}", file=sys.stderr, flush=True)
+        self._refuse_silent_fresh_start(agreement.step is None, agreement.local)
         state = None
         if agreement.data is not None:
             state = deserialize(agreement.data)
-            self._check_compatible(state)
 
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         gcfg = GPTConfig(vocab_size=len(self.data.vocab), block_size=cfg.block_size,
@@ -236,10 +276,12 @@ class Trainer:
             lr_scale=self.plan.lr_scale, reference_batch_size=self.plan.reference_batch_size,
             threads=torch.get_num_threads(), params=self.model.num_params(),
             checkpoint_holder_rank=agreement.holder, max_steps=cfg.max_steps, run_id=cfg.run_id,
-            pid=os.getpid(),
+            pid=os.getpid(), fresh_start_reason=self.fresh_start_reason,
         )
         if env.rank == 0:
             how = f"resumed from step {self.step}" if state is not None else "fresh start"
+            if self.fresh_start_reason:
+                how += f" (allow_fresh_start: {self.fresh_start_reason})"
             print(f"[ddplab] {how}; world_size {env.world_size}, restart {env.restart_count}, "
                   f"{self.plan.batch_policy}: global batch {self.plan.global_batch_size} = "
                   f"{env.world_size} x {self.plan.per_rank_batch_size} x {self.plan.grad_accum_steps}, "
@@ -262,17 +304,40 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.comm.reset()
 
-    def _check_compatible(self, state: dict[str, Any]) -> None:
+    def _incompatibility(self, state: dict[str, Any]) -> str | None:
+        """Why a loaded checkpoint state cannot resume this run (None: it can). The store's
+        ``accept`` test, part of the one validity definition (ddplab.checkpoint)."""
         saved = state.get("config", {})
+        saved = saved if isinstance(saved, dict) else {}
         diffs = [f"{k}: checkpoint {saved.get(k)!r}, config {getattr(self.cfg, k)!r}"
                  for k in (*MODEL_SHAPE_FIELDS, "seed") if saved.get(k) != getattr(self.cfg, k)]
-        if state.get("vocab") != self.data.vocab.chars:
+        if self.data is not None and state.get("vocab") != self.data.vocab.chars:
             diffs.append("vocabulary differs (another dataset)")
-        if diffs:
+        return f"does not match this run ({'; '.join(diffs)})" if diffs else None
+
+    def _refuse_silent_fresh_start(self, none_agreed: bool, local: Any) -> None:
+        """Checkpoints exist somewhere but none is valid: stop, unless ``allow_fresh_start``.
+
+        Every rank takes part in the all-reduce, so all of them stop or all start over.
+
+        Raises:
+            CheckpointError: one line listing this node's unusable checkpoints and the fix.
+        """
+        if not none_agreed:
+            return
+        found = all_reduce_scalar(float(local.found_unusable), "max") > 0
+        if not found:
+            return
+        reasons = [why for _, why in local.rejected] + [
+            f"{p.name}: set aside earlier" for p in local.set_aside]
+        why = (f"found checkpoints in {self.store.dir} but none is usable: "
+               + ("; ".join(reasons) if reasons else "the unusable ones are on another node"))
+        if not self.cfg.allow_fresh_start:
             raise CheckpointError(
-                f"checkpoint of step {state.get('step')} in {self.store.dir} does not match this run ("
-                + "; ".join(diffs) + "): use the same model config, seed and data, or another out_dir"
-            )
+                f"{why}. Fix or move them (or use the same model config, seed and data), or set "
+                "allow_fresh_start (--allow-fresh-start; playbook: ddp_job_allow_fresh_start) "
+                "to start over")
+        self.fresh_start_reason = why
 
     # --- state --------------------------------------------------------------------------------
     def state_dict(self, reason: str) -> dict[str, Any]:
@@ -287,6 +352,7 @@ class Trainer:
             "world_size_history": self.history,
             "first_start_time": self.first_start_time,
             "first_global_batch_size": self.first_global_batch,
+            "train_loss": self.last_train_loss,  # mean loss of the last logged step (sidecar)
             # Every random draw is a function of (seed, step, rank, micro-step) or of
             # (seed, global sample index), so no generator state needs restoring.
             "rng": {"scheme": "stateless", "seed": self.cfg.seed},
@@ -313,7 +379,8 @@ class Trainer:
         """
         cfg, env, plan = self.cfg, self.env, self.plan
         t0 = time.perf_counter()
-        lr = lr_at(self.step, cfg.base_lr, plan.lr_scale, cfg.warmup_steps, cfg.max_steps,
+        lr_scale = self.lr_scale_at(self.step)
+        lr = lr_at(self.step, cfg.base_lr, lr_scale, cfg.warmup_steps, cfg.max_steps,
                    cfg.min_lr_ratio)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -336,15 +403,18 @@ class Trainer:
         local_loss = loss_sum / plan.grad_accum_steps
         step = self.step + 1
         log_now = step % cfg.log_interval == 0 or step == cfg.max_steps
-        allreduce_s = self.comm.seconds
-        if log_now:
-            mean_loss = local_loss
-            if env.distributed:
-                t_loss = time.perf_counter()
-                mean_loss = all_reduce_scalar(local_loss, "sum") / env.world_size
-                allreduce_s += time.perf_counter() - t_loss
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        # clip_grad_norm_ returns the norm before clipping; max_norm inf scales by exactly 1.0
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf")))
+        t_loss = time.perf_counter()
+        mean_loss, bad_grads = self.reduce_step_health(local_loss, grad_norm)
+        allreduce_s = self.comm.seconds + (time.perf_counter() - t_loss if env.distributed else 0.0)
+        reason = divergence_reason(
+            mean_loss, float("nan") if bad_grads else grad_norm, self.step,
+            vocab_size=len(self.data.vocab), warmup_steps=cfg.warmup_steps,
+            margin=cfg.divergence_margin)
+        if reason:  # the same decision on every rank: it rests on all-reduced values only
+            raise Diverged(step, reason, mean_loss, grad_norm)
         with self.guard.critical():
             self.consistent = False
             self.optimizer.step()
@@ -354,16 +424,32 @@ class Trainer:
             step_s = time.perf_counter() - t0
             self.session_tokens += plan.global_batch_size * cfg.block_size
             if log_now:
-                self.log_step(mean_loss, local_loss, lr, step_s, allreduce_s)
+                self.log_step(mean_loss, local_loss, lr, lr_scale, step_s, allreduce_s)
 
-    def log_step(self, mean_loss: float, local_loss: float, lr: float, step_s: float,
-                 allreduce_s: float) -> None:
+    def lr_scale_at(self, step: int) -> float:
+        """The LR scale of ``step``: the batch plan's, ramped after a world-size change
+        (:func:`ddplab.lr.ramp_lr_scale` over this run's world-size history)."""
+        segments = [(int(h["step"]), float(h["lr_scale"])) for h in self.history if "lr_scale" in h]
+        return ramp_lr_scale(segments or [(0, self.plan.lr_scale)], step, self.cfg.ramp_steps())
+
+    def reduce_step_health(self, local_loss: float, grad_norm: float) -> tuple[float, bool]:
+        """Mean loss over all ranks and whether any rank saw a non-finite gradient norm: one
+        all-reduce of two numbers per step (identity when alone), so every rank decides alike."""
+        bad = 0.0 if math.isfinite(grad_norm) else 1.0
+        if not dist.is_initialized():
+            return local_loss, bool(bad)
+        both = torch.tensor([local_loss, bad], dtype=torch.float64)
+        wait(dist.all_reduce(both, op=dist.ReduceOp.SUM, async_op=True))
+        return float(both[0]) / self.env.world_size, bool(both[1] > 0)
+
+    def log_step(self, mean_loss: float, local_loss: float, lr: float, lr_scale: float,
+                 step_s: float, allreduce_s: float) -> None:
         cfg, env, plan = self.cfg, self.env, self.plan
         tokens_per_s = plan.global_batch_size * cfg.block_size / step_s
         self.last_train_loss = mean_loss
         self.metrics.write(
             "step", step=self.step, loss=round(mean_loss, 6), local_loss=round(local_loss, 6),
-            lr=lr, global_batch_size=plan.global_batch_size,
+            lr=lr, lr_scale=round(lr_scale, 9), global_batch_size=plan.global_batch_size,
             per_rank_batch_size=plan.per_rank_batch_size, grad_accum_steps=plan.grad_accum_steps,
             samples_seen=self.samples_seen, step_time_s=round(step_s, 6),
             compute_s=round(step_s - allreduce_s, 6), allreduce_s=round(allreduce_s, 6),
@@ -399,7 +485,17 @@ class Trainer:
         return out[0], out[1]
 
     def run_eval(self) -> None:
+        """Evaluate; a diverged validation loss stops the run before this step is checkpointed.
+
+        Raises:
+            Diverged: the validation loss is non-finite or above the guard's limit.
+        """
         val_loss, train_loss = self.evaluate()
+        reason = divergence_reason(val_loss, 0.0, self.step, vocab_size=len(self.data.vocab),
+                                   warmup_steps=self.cfg.warmup_steps,
+                                   margin=self.cfg.divergence_margin)
+        if reason:
+            raise Diverged(self.step, f"validation {reason}", val_loss, float("nan"))
         self.last_val = (val_loss, train_loss)
         self.last_val_step = self.step
         self.metrics.write("val", step=self.step, val_loss=round(val_loss, 6),
@@ -465,22 +561,55 @@ class Trainer:
     # --- failure --------------------------------------------------------------------------------
     def emergency_save(self, error: BaseException) -> bool:
         """Save the last completed step after a failure; any surviving rank may do it (the
-        node's checkpoint lock serialises writers and an existing valid file is kept)."""
-        if not self.consistent or self.step == 0 or not hasattr(self, "optimizer"):
+        node's checkpoint lock serialises writers and an existing valid file is kept).
+
+        Not after divergence (the last completed step produced the diverging loss) nor an
+        output failure. The caller has shielded the process from further signals.
+        """
+        if (isinstance(error, Diverged | OutputError | CheckpointError) or not self.consistent
+                or self.step == 0 or not hasattr(self, "optimizer")):
             return False
-        self.guard.depth += 1  # a further SIGTERM must not interrupt this write
         try:
             result = self.store.save(self.state_dict("emergency"))
         except (CheckpointError, OSError) as exc:
             print(f"[rank {self.env.rank}] emergency checkpoint failed: {exc}", file=sys.stderr, flush=True)
             return False
-        finally:
-            self.guard.depth -= 1
-            self.guard.pending = None
         if result.written and self.metrics:
             self.metrics.write("checkpoint", step=result.step, path=str(result.path),
                                bytes=result.bytes, seconds=round(result.seconds, 4), reason="emergency")
         return True
+
+    def fail(self, exc: BaseException) -> int:
+        """The emergency path: shield from signals, save, write the ``failure`` record, report.
+
+        Returns the exit code: 128 + signal, EXIT_DIVERGED, EXIT_BAD_INPUT (an output that
+        cannot be written) or EXIT_FAILED.
+        """
+        self.guard.shield()  # a SIGTERM arriving from here on cannot cut the save or the records
+        if isinstance(exc, Terminated):
+            code, cause = 128 + exc.signum, "signal"
+        elif isinstance(exc, Diverged):
+            code, cause = EXIT_DIVERGED, "divergence"
+        elif isinstance(exc, OutputError | CheckpointError):
+            code, cause = EXIT_BAD_INPUT, "output"
+        else:
+            code, cause = EXIT_FAILED, "error"
+        saved = self.emergency_save(exc)
+        extra = ({"loss": exc.loss, "grad_norm": exc.grad_norm, "failed_step": exc.step}
+                 if isinstance(exc, Diverged) else {})
+        if self.metrics:
+            with contextlib.suppress(OutputError):
+                self.metrics.write("failure", step=self.step, error=f"{type(exc).__name__}: {exc}",
+                                   saved=saved, cause=cause, **extra)
+                self.metrics.close()
+        if code == EXIT_BAD_INPUT:
+            print(f"ddplab.train: error: {exc}", file=sys.stderr, flush=True)
+            return code
+        if cause == "error":
+            traceback.print_exc()
+        print(f"[rank {self.env.rank}] failed at step {self.step} ({cause}: {exc}); "
+              f"emergency checkpoint {'saved' if saved else 'not saved'}", file=sys.stderr, flush=True)
+        return code
 
 
 def run(cfg: TrainConfig, env: DistEnv | None = None) -> int:
@@ -489,30 +618,24 @@ def run(cfg: TrainConfig, env: DistEnv | None = None) -> int:
     trainer = Trainer(cfg, env)
     try:
         trainer.validate_inputs()
-    except (DataError, CheckpointError, BatchPolicyError, ValueError) as exc:
+    except INPUT_ERRORS as exc:
         print(f"ddplab.train: error: {exc}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
     trainer.guard.install()
     try:
         try:
             trainer.setup()
-        except (CheckpointError, BatchPolicyError, DataError) as exc:
+        except (CheckpointError, BatchPolicyError, DataError, OutputError) as exc:
             print(f"ddplab.train: error: {exc}", file=sys.stderr, flush=True)
             return EXIT_BAD_INPUT
         trainer.loop()
         trainer.finish()
     except (Exception, Terminated) as exc:
-        code = 128 + exc.signum if isinstance(exc, Terminated) else EXIT_FAILED
-        saved = trainer.emergency_save(exc)
-        if trainer.metrics:
-            trainer.metrics.write("failure", step=trainer.step, error=f"{type(exc).__name__}: {exc}",
-                                  saved=saved)
-            trainer.metrics.close()
-        if not isinstance(exc, Terminated):
-            traceback.print_exc()
-        print(f"[rank {env.rank}] failed at step {trainer.step} ({type(exc).__name__}: {exc}); "
-              f"emergency checkpoint {'saved' if saved else 'not saved'}", file=sys.stderr, flush=True)
-        return code
+        while True:
+            try:
+                return trainer.fail(exc)
+            except Terminated:  # arrived before fail() raised its shield: start it again
+                continue
     finally:
         trainer.guard.uninstall()
     if trainer.metrics:
@@ -534,15 +657,19 @@ def main(argv: list[str] | None = None) -> int:
     if check:
         trainer = Trainer(cfg, env)
         try:
-            trainer.validate_inputs()
+            trainer.validate_inputs(check_only=True)
             plan = plan_batch(cfg.batch_policy, env.world_size, cfg.per_rank_batch_size,
                               cfg.reference_batch_size, cfg.global_batch_size)
-        except (DataError, CheckpointError, BatchPolicyError, ValueError) as exc:
+        except INPUT_ERRORS as exc:
             print(f"ddplab.train: error: {exc}", file=sys.stderr, flush=True)
             return EXIT_BAD_INPUT
+        data = trainer.data
         print(json.dumps({"config": cfg.to_dict(), "world_size": env.world_size,
-                          "batch_plan": plan.to_dict(), "vocab_size": len(trainer.data.vocab),
-                          "train_chars": len(trainer.data.train), "val_chars": len(trainer.data.val),
+                          "batch_plan": plan.to_dict(),
+                          "dataset": "present" if data else f"missing: a run downloads {cfg.data_url}",
+                          "vocab_size": len(data.vocab) if data else None,
+                          "train_chars": len(data.train) if data else None,
+                          "val_chars": len(data.val) if data else None,
                           "checkpoints": trainer.store.steps()}, indent=2))
         return EXIT_OK
     return run(cfg, env)
