@@ -2,9 +2,11 @@
 
 Under ``torchrun`` the environment carries ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
 ``LOCAL_WORLD_SIZE``, ``TORCHELASTIC_RESTART_COUNT`` and ``MASTER_ADDR``/``MASTER_PORT``; alone, the
-program is rank 0 of 1 and needs no process group.
+program is rank 0 of 1 and needs no process group. The ddp_job role adds ``DDPLAB_GLOO_ADDR``: the
+node's address on the route to the rendezvous host, which gloo binds (docs/rendezvous.md).
 """
 
+import ipaddress
 import os
 import socket
 import time
@@ -15,6 +17,11 @@ import torch
 import torch.distributed as dist
 
 from ddplab.checkpoint import CheckpointStore, ScanResult
+
+GLOO_ADDR_ENV = "DDPLAB_GLOO_ADDR"
+# The backend name under which gloo bound to one address is registered (torch.distributed's
+# third-party backend interface, Backend.register_backend).
+BOUND_GLOO_BACKEND = "ddplab_gloo"
 
 
 @dataclass(frozen=True)
@@ -27,6 +34,7 @@ class DistEnv:
     local_world_size: int = 1
     restart_count: int = 0
     host: str = "localhost"
+    gloo_addr: str | None = None  # DDPLAB_GLOO_ADDR: the address gloo binds (None: gloo chooses)
 
     @property
     def distributed(self) -> bool:
@@ -38,7 +46,8 @@ class DistEnv:
         """Read torchrun's variables.
 
         Raises:
-            ValueError: a variable is not an integer, or the values are inconsistent.
+            ValueError: a variable is not an integer, the values are inconsistent, or
+                ``DDPLAB_GLOO_ADDR`` is not an IPv4/IPv6 address.
         """
         env = os.environ if environ is None else environ
 
@@ -61,21 +70,64 @@ class DistEnv:
             raise ValueError(
                 f"inconsistent torchrun environment: LOCAL_RANK={local_rank} LOCAL_WORLD_SIZE={local_world}"
             )
+        gloo_addr = env.get(GLOO_ADDR_ENV) or None
+        if gloo_addr is not None:
+            try:
+                gloo_addr = str(ipaddress.ip_address(gloo_addr))
+            except ValueError:
+                raise ValueError(
+                    f"environment variable {GLOO_ADDR_ENV}={gloo_addr!r} is not an IP address "
+                    "(the node's address on the route to the rendezvous host)"
+                ) from None
         return cls(
             rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
             restart_count=read("TORCHELASTIC_RESTART_COUNT", 0), host=socket.gethostname(),
+            gloo_addr=gloo_addr,
         )
+
+
+def register_bound_gloo(addr: str) -> str:
+    """Register a gloo backend whose every process group listens on ``addr`` only.
+
+    ``GLOO_SOCKET_IFNAME`` names an interface, and gloo takes that interface's *first* address:
+    wrong when the NIC holds a second IPv4 address added before the routed one, or the routed one
+    is labelled (``eth0:1``) so the interface's only match is IPv6. torch 2.13's
+    ``init_process_group`` ignores ``pg_options`` for ``"gloo"``, so the device is given through
+    the public ``Backend.register_backend`` with a creator that builds
+    ``ProcessGroupGloo(store, rank, size, options)``, ``options._devices`` holding
+    ``ProcessGroupGloo.create_device(hostname=addr)`` (the only device option is that
+    underscore field of the pybind options class). Registering again replaces the address.
+
+    Args:
+        addr: an IPv4/IPv6 address of this host (not a name: a name may resolve to 127.0.1.1).
+
+    Returns:
+        The backend name to pass to ``init_process_group`` / ``new_group``.
+    """
+    gloo = dist.ProcessGroupGloo
+
+    def create(store, group_rank: int, group_size: int, timeout: timedelta):
+        options = gloo._Options()
+        options._timeout = timeout
+        options._devices = [gloo.create_device(hostname=addr)]
+        return gloo(store, group_rank, group_size, options)
+
+    dist.Backend.register_backend(BOUND_GLOO_BACKEND, create, devices=["cpu"])
+    return BOUND_GLOO_BACKEND
 
 
 def init_process_group(env: DistEnv, timeout_s: float) -> None:
     """Join the gloo process group (env:// rendezvous from torchrun) with an explicit timeout.
 
     gloo's default timeout is 30 min: a peer that vanishes without a TCP reset would stall the
-    survivors that long, so every collective here fails after ``timeout_s`` instead.
+    survivors that long, so every collective here fails after ``timeout_s`` instead. With
+    ``env.gloo_addr`` gloo binds exactly that address (:func:`register_bound_gloo`); without it,
+    gloo picks by itself (``GLOO_SOCKET_IFNAME``'s first address, else the host name's).
     """
     if env.distributed and not dist.is_initialized():
+        backend = register_bound_gloo(env.gloo_addr) if env.gloo_addr else "gloo"
         dist.init_process_group(
-            backend="gloo", rank=env.rank, world_size=env.world_size,
+            backend=backend, rank=env.rank, world_size=env.world_size,
             timeout=timedelta(seconds=timeout_s),
         )
 

@@ -220,6 +220,93 @@ def clock_offset(date_time: dict, before: float, after: float) -> dict:
             "uncertainty_s": round((after - before) / 2, 3), "beyond_s": round(beyond, 3)}
 
 
+def _show_props(show: str) -> dict[str, str]:
+    """``KEY=VALUE`` lines of ``systemctl show`` as a dict."""
+    props: dict[str, str] = {}
+    for line in (show or "").splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            props[key] = value
+    return props
+
+
+def _unit_environment(props: dict[str, str]) -> dict[str, str]:
+    """The unit's ``Environment`` property (space-separated ``KEY=VALUE`` words) as a dict."""
+    env = {}
+    for word in shlex.split(props.get("Environment", "") or ""):
+        key, _, value = word.partition("=")
+        env[key] = value
+    return env
+
+
+def interface_addresses(stdout: str) -> list[dict]:
+    """Addresses of ``ip -o addr show dev IF``, in the kernel's order: ``[{family, address, label}]``.
+
+    ``family`` is ``inet`` or ``inet6``; ``label`` is the IPv4 address's label (``eth0`` or
+    ``eth0:1``; the name ``getifaddrs`` reports), for IPv6 the interface name.
+    """
+    found = []
+    for line in (stdout or "").splitlines():
+        head = line.split("\\", 1)[0].split()
+        if len(head) < 4 or head[2] not in ("inet", "inet6"):
+            continue
+        found.append({"family": head[2], "address": head[3].split("/", 1)[0],
+                      "label": head[-1] if head[2] == "inet" else head[1]})
+    return found
+
+
+def gloo_ifname_address(addresses: list[dict], ifname: str) -> str | None:
+    """The address gloo binds for ``GLOO_SOCKET_IFNAME=ifname``: the first ``getifaddrs`` entry
+    named ``ifname`` (IPv4 entries come before IPv6 ones; a labelled IPv4 address is named by its
+    label, so it does not match). None when the interface has no address under that name."""
+    for family in ("inet", "inet6"):
+        for entry in addresses:
+            if entry["family"] == family and entry["label"] == ifname:
+                return entry["address"]
+    return None
+
+
+def gloo_address(route: dict, unit_show: str, addr_show: str, host: str) -> dict:
+    """The doctor's ``gloo`` record: which address gloo binds on this node, against the route.
+
+    Args:
+        route: :func:`route_info` of ``ip -4 -o route get <rendezvous address>`` (``{dev, src}``).
+        unit_show: ``systemctl show`` of the agent unit (``LoadState``, ``Environment``).
+        addr_show: ``ip -o addr show dev <route dev>``.
+        host: the inventory name, for the message.
+
+    Returns:
+        ``{check: "gloo", status: ok|warn|skip, detail}``. The last launch's ``DDPLAB_GLOO_ADDR``
+        is what its training program binds; a launch without it (ddp-lab before issue 12) binds
+        ``GLOO_SOCKET_IFNAME``'s first address (:func:`gloo_ifname_address`).
+    """
+    src, dev = (route or {}).get("src"), (route or {}).get("dev")
+    if not src:
+        return {"check": "gloo", "status": "skip", "detail": "no route to the rendezvous host: see the route row"}
+    addresses = interface_addresses(addr_show)
+    others = [a["address"] + ("" if a["label"] == dev else f" ({a['label']})")
+              for a in addresses if a["address"] != src]
+    also = f"; {dev} also holds {', '.join(others)}" if others else ""
+    props = _show_props(unit_show)
+    env = _unit_environment(props)
+    if props.get("LoadState") != "loaded" or not env:
+        return {"check": "gloo", "status": "ok",
+                "detail": f"the next launch binds {src} (DDPLAB_GLOO_ADDR, the route's source){also}"}
+    if env.get("DDPLAB_GLOO_ADDR"):
+        bound, how = env["DDPLAB_GLOO_ADDR"], "DDPLAB_GLOO_ADDR of the last launch"
+    else:
+        ifname = env.get("GLOO_SOCKET_IFNAME") or ""
+        bound = gloo_ifname_address(addresses, ifname) if ifname == dev else None
+        how = f"the first address of GLOO_SOCKET_IFNAME={ifname or '(unset)'} of the last launch"
+    if bound == src:
+        return {"check": "gloo", "status": "ok", "detail": f"binds {src} ({how}) = the route's source{also}"}
+    return {"check": "gloo", "status": "warn",
+            "detail": f"{host}: gloo binds {bound or 'an address of its own choosing'} ({how}), not {src}, "
+                      f"the source of the route via {dev}{also}; peers then fail ('Network is unreachable', "
+                      "'ss_family ... 10 vs 2') or wait; fix: launch again with ddp-lab (site.yml or "
+                      "playbooks/train.yml), which passes DDPLAB_GLOO_ADDR=<route source>"}
+
+
 def unit_launch(show: str) -> dict:
     """What the node's last agent launch passed, from ``systemctl show UNIT -p
     LoadState,ExecStart,Environment``: ``{loaded, local_addr, rdzv_endpoint, gloo_socket_ifname}``.
@@ -227,11 +314,7 @@ def unit_launch(show: str) -> dict:
     ``ExecStart`` reads ``{ path=... ; argv[]=python -m ddplab.agent --nnodes 1:3 ... ; ... }``;
     ``Environment`` is space-separated ``KEY=VALUE`` words. Values not passed are None.
     """
-    props: dict[str, str] = {}
-    for line in (show or "").splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            props[key] = value
+    props = _show_props(show)
     argv: list[str] = []
     match = re.search(r"argv\[\]=(.*?) ;", props.get("ExecStart", ""))
     if match:
@@ -248,10 +331,7 @@ def unit_launch(show: str) -> dict:
                 return word.split("=", 1)[1]
         return None
 
-    env = {}
-    for word in shlex.split(props.get("Environment", "") or ""):
-        key, _, value = word.partition("=")
-        env[key] = value
+    env = _unit_environment(props)
     return {"loaded": props.get("LoadState") == "loaded" and bool(argv),
             "local_addr": flag("--local-addr") or flag("--local_addr"),
             "rdzv_endpoint": flag("--rdzv-endpoint") or flag("--rdzv_endpoint"),
@@ -367,6 +447,7 @@ class FilterModule:
             "validate_lock_holders": lock_holders,
             "validate_clock": clock_offset,
             "validate_unit_launch": unit_launch,
+            "validate_gloo_address": gloo_address,
             "validate_table": check_table,
             "validate_proc_cmdline": proc_cmdline,
             "validate_proc_ppid": proc_ppid,
