@@ -1,0 +1,51 @@
+"""Filters of the power role."""
+
+from __future__ import annotations
+
+
+def logind_settings(cat_config: str, section: str = "Login") -> dict[str, dict[str, str]]:
+    """The merged logind settings from ``systemd-analyze cat-config systemd/logind.conf``.
+
+    cat-config prints every file logind reads, in the order it applies them (the main file, then
+    the drop-ins of /etc, /run, /usr/local/lib and /usr/lib sorted by file name across the folders,
+    a name in /etc hiding the same name elsewhere: systemd's standard-conf rules), each after a
+    ``# /path`` line. A later assignment wins.
+
+    Returns:
+        ``{key: {"value": str, "file": path}}`` for every key set in ``[section]``.
+    """
+    merged: dict[str, dict[str, str]] = {}
+    path, current = "", None
+    for raw in (cat_config or "").splitlines():
+        line = raw.strip()
+        if line.startswith("# /"):
+            path, current = line[2:].strip(), None
+        elif not line or line[0] in "#;":
+            continue
+        elif line.startswith("[") and line.endswith("]"):
+            current = line[1:-1]
+        elif current == section and "=" in line:
+            key, value = (part.strip() for part in line.split("=", 1))
+            merged[key] = {"value": value, "file": path}
+    return merged
+
+
+def logind_mismatches(cat_config: str, want: dict) -> list[str]:
+    """``"<key>=<value> (<file>)"`` for each key of ``want`` whose merged value differs (``unset``
+    when nothing sets it); empty when logind's configuration has every wanted value."""
+    merged = logind_settings(cat_config)
+    wrong = []
+    for key, value in want.items():
+        got = merged.get(key)
+        if got is None:
+            wrong.append(f"{key} unset (no file sets it)")
+        elif got["value"] != str(value):
+            wrong.append(f"{key}={got['value']} ({got['file']})")
+    return wrong
+
+
+class FilterModule:
+    """Ansible filter plugin entry point."""
+
+    def filters(self) -> dict:
+        return {"power_logind_settings": logind_settings, "power_logind_mismatches": logind_mismatches}
