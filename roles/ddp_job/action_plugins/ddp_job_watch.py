@@ -102,6 +102,9 @@ class ActionModule(ActionBase):
                 "progress": (last or {}).get("progress", {}),
                 "unit": (last or {}).get("unit", {}),
                 "line": (last or {}).get("line", ""),
+                # why the node's training stopped: the cause of its newest failure record
+                # (divergence | signal | output | error), None when it did not fail
+                "stop_cause": (last or {}).get("progress", {}).get("stop_cause"),
             }
         )
         return result
