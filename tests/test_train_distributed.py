@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from conftest import REPO, read_metrics, run_torchrun, subprocess_env, tiny_args, torchrun_cmd
+from conftest import REPO, read_metrics, run_torchrun, snapshot, subprocess_env, tiny_args, torchrun_cmd
 from ddplab import train as train_mod
 from ddplab.checkpoint import CheckpointStore
 
@@ -134,6 +134,27 @@ def test_world_size_change_keep_per_rank_rescales_lr(tmp_path, data_path):
     assert all(r["allreduce_s"] > 0 and r["compute_s"] > 0 for r in steps)
     hist = CheckpointStore(out / "checkpoints").load(16)["world_size_history"]
     assert [(h["world_size"], h["step"]) for h in hist] == [(3, 0), (2, 10)]
+    # the LR scale ramps from 3 ranks' to 2 ranks' over lr_ramp_steps (= warmup_steps 2)
+    assert [r["lr_scale"] for r in steps[9:13]] == pytest.approx([1.0, 1 - (1 / 3) / 2, 8 / 12, 8 / 12])
+
+
+def test_divergence_stops_every_rank_and_keeps_the_checkpoints(tmp_path, data_path, clean_env):
+    """Resumed at 2 ranks with base_lr 50: all ranks agree to stop (exit 3), none hangs, and the
+    checkpoints of the good run stay as they were."""
+    out = tmp_path / "run"
+    args = {"max_steps": 20, "warmup_steps": 3, "sample_chars": 0}
+    assert train_mod.main(tiny_args(out, data_path, **args)) == 0
+    before = snapshot(out / "checkpoints")
+    args.update(max_steps=200, base_lr=50)
+    done = run_torchrun(2, tiny_args(out, data_path, **args), timeout=180)
+    assert done.returncode != 0
+    assert done.stderr.count("exitcode  : 3") + done.stderr.count("exitcode: 3") >= 1, done.stderr[-3000:]
+    assert snapshot(out / "checkpoints") == before
+    for local_rank in (0, 1):
+        failure = read_metrics(out, local_rank)[-1]
+        assert failure["event"] == "failure" and failure["cause"] == "divergence", failure
+        assert failure["saved"] is False and failure["world_size"] == 2
+    assert read_metrics(out, 0)[-1]["failed_step"] == read_metrics(out, 1)[-1]["failed_step"]
 
 
 def test_keep_global_same_trajectory_at_world_sizes_1_and_3(tmp_path, data_path, clean_env):
