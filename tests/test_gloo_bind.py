@@ -20,9 +20,10 @@ import uuid
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed as dist
 from conftest import subprocess_env
-
-pytestmark = pytest.mark.slow
+from ddplab.distributed import BOUND_GLOO_BACKEND, DistEnv, all_reduce_scalar, register_bound_gloo
 
 WORKER = Path(__file__).with_name("gloo_bind_worker.py")
 PG_TIMEOUT_S = 8  # the failing variant fails at connect or at this timeout
@@ -51,7 +52,8 @@ def two_laptops():
                 pytest.skip(f"network namespaces are not permitted here (ip netns add: {err.stderr.strip()})")
             made.append(name)
         ifs = {"a": f"va{tag}", "b": f"vb{tag}"}
-        ip("link", "add", ifs["a"], "netns", ns["a"], "type", "veth", "peer", "name", ifs["b"], "netns", ns["b"])
+        ip("link", "add", ifs["a"], "netns", ns["a"], "type", "veth",
+           "peer", "name", ifs["b"], "netns", ns["b"])
         for side in "ab":
             ip("-n", ns[side], "link", "set", "lo", "up")
 
@@ -122,12 +124,34 @@ OLD_FAILURE = {
 }
 
 
+def test_dist_env_reads_the_gloo_address():
+    assert DistEnv.from_environ({"DDPLAB_GLOO_ADDR": "fd00:0:0::11"}).gloo_addr == "fd00::11"
+    assert DistEnv.from_environ({}).gloo_addr is None
+    with pytest.raises(ValueError, match="DDPLAB_GLOO_ADDR='eth0' is not an IP address"):
+        DistEnv.from_environ({"DDPLAB_GLOO_ADDR": "eth0"})
+
+
+def test_bound_gloo_is_a_gloo_group_on_that_address(tmp_path):
+    """In-process world of one: the registered backend is gloo, and it reduces."""
+    backend = register_bound_gloo("127.0.0.1")
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group(backend=backend, store=store, rank=0, world_size=1)
+    try:
+        assert dist.get_backend() == BOUND_GLOO_BACKEND
+        group = dist.distributed_c10d._get_default_group()
+        assert isinstance(group._get_backend(torch.device("cpu")), dist.ProcessGroupGloo)
+        assert all_reduce_scalar(2.5) == 2.5
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="ip netns needs root (CAP_SYS_ADMIN)")
 @pytest.mark.parametrize("kind", ["second-first", "labelled"])
 def test_gloo_binds_the_routed_address(two_laptops, kind):
     sides = two_laptops(kind)
     old = run_pair(sides, "ifname")
-    assert not any(succeeded(r) for r in old.values()), f"{kind}: GLOO_SOCKET_IFNAME alone formed the group: {old}"
+    assert not any(succeeded(r) for r in old.values()), f"{kind}: GLOO_SOCKET_IFNAME alone worked: {old}"
     assert any(OLD_FAILURE[kind] in r.stderr for r in old.values() if not isinstance(r, str)), old
     new = run_pair(sides, "addr")
     for side, result in new.items():

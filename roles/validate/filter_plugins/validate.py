@@ -282,7 +282,8 @@ def gloo_address(route: dict, unit_show: str, addr_show: str, host: str) -> dict
     """
     src, dev = (route or {}).get("src"), (route or {}).get("dev")
     if not src:
-        return {"check": "gloo", "status": "skip", "detail": "no route to the rendezvous host: see the route row"}
+        return {"check": "gloo", "status": "skip",
+                "detail": "no route to the rendezvous host: see the route row"}
     addresses = interface_addresses(addr_show)
     others = [a["address"] + ("" if a["label"] == dev else f" ({a['label']})")
               for a in addresses if a["address"] != src]
