@@ -100,7 +100,7 @@ stop: venv ## end a running job everywhere
 	ansible-playbook -i $(INVENTORY) stop.yml
 
 report: venv ## (re)build the report of runs/current (RUN=runs/<run_id> for another)
-	PYTHONPATH=train python -m ddplab.report $(or $(RUN),runs/current)
+	PYTHONPATH=train python -m ddplab.controller.report $(or $(RUN),runs/current)
 
 bench: venv ## all-reduce, link and scaling benchmarks on the cluster
 	ansible-playbook -i $(INVENTORY) bench.yml

@@ -31,8 +31,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "train"))
 
-from ddplab import faults  # noqa: E402
-from ddplab.rundir import load_events, load_run  # noqa: E402
+from ddplab.controller import faults  # noqa: E402
+from ddplab.controller.rundir import load_events, load_run  # noqa: E402
 
 BIN = Path(sys.executable).parent
 TARGET_RECOVERY_S = 10.0

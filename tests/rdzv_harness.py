@@ -8,7 +8,7 @@ benchmark behind the figures in docs/rendezvous.md (how long it takes):
 Each agent is ``python -m ddplab.agent --nnodes 1:N --nproc-per-node 1 --rdzv-backend c10d
 --rdzv-endpoint 127.0.0.1:<port> --rdzv-conf is_host=false,...`` running tests/rdzv_toy_worker.py
 in a session of its own (ddplab.agent = torchrun after a start barrier, as ddp-lab starts it);
-the store is ``python -m ddplab.rdzv_store start``. A trial waits for
+the store is ``python -m ddplab.controller.rdzv_store start``. A trial waits for
 world size N, SIGKILLs the whole process tree of the agent whose worker holds rank 0 (a laptop
 that vanishes), and times until the survivors' workers step at world size N-1.
 Everything started is killed on exit (``ToyCluster.close``).
@@ -40,7 +40,7 @@ REPO = HERE.parent
 WORKER = HERE / "rdzv_toy_worker.py"
 sys.path.insert(0, str(REPO / "train"))
 
-from ddplab import rdzv_store  # noqa: E402
+from ddplab.controller import rdzv_store  # noqa: E402
 
 # The rdzv-conf ddp-lab ships (roles/ddp_job/defaults/main.yml mirrors it).
 TUNED_CONF = {

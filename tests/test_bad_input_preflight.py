@@ -401,10 +401,10 @@ def test_port_held_by_another_program_and_corrupt_dataset(controller_case, tmp_p
 
 @contextlib.contextmanager
 def _store(address: str, port: int, state_dir: Path) -> Iterator[None]:
-    """A ddp-lab rendezvous store on the controller (ddplab.rdzv_store) at ``address:port`` with
+    """A ddp-lab rendezvous store on the controller (ddplab.controller.rdzv_store) at ``address:port`` with
     its state in ``state_dir``, stopped afterwards."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "train")}
-    base = [sys.executable, "-m", "ddplab.rdzv_store"]
+    base = [sys.executable, "-m", "ddplab.controller.rdzv_store"]
     started = subprocess.run(
         [
             *base,
@@ -460,7 +460,8 @@ def test_port_held_by_a_store_this_checkout_does_not_manage(controller_case, tmp
         f"controller: TCP port {port} is held by a ddp-lab store this checkout does not manage ("
     )
     assert f"state folder {elsewhere})" in line
-    assert f"fix: stop it (python -m ddplab.rdzv_store stop --port {port} --state-dir {elsewhere})" in line
+    assert (f"fix: stop it (python -m ddplab.controller.rdzv_store stop --port {port} "
+            f"--state-dir {elsewhere})") in line
 
 
 def test_missing_dataset(controller_case, tmp_path: Path):

@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from ddplab import bench_allreduce as ba
-from ddplab import bench_links as bl
-from ddplab import costmodel
+from ddplab.bench import allreduce as ba
+from ddplab.bench import costmodel
+from ddplab.bench import links as bl
 
 TRAIN_DIR = Path(__file__).resolve().parents[1] / "train"
 
@@ -76,7 +76,7 @@ def test_allreduce_two_ranks(tmp_path):
     out = tmp_path / "bench" / "allreduce.jsonl"
     links = tmp_path / "links.jsonl"  # as if bench_links had measured 125 MB/s and 100 MB/s
     links.write_text(json.dumps({"kind": "links", "bandwidth_bytes_per_s": [[None, 125e6], [100e6, None]]}))
-    proc = torchrun("ddplab.bench_allreduce", "--min-bytes", "1e6", "--max-bytes", "4e6", "--repeats", "2",
+    proc = torchrun("ddplab.bench.allreduce", "--min-bytes", "1e6", "--max-bytes", "4e6", "--repeats", "2",
                     "--link-from", str(links), "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     recs = [json.loads(x) for x in out.read_text().splitlines()]
@@ -96,7 +96,7 @@ def test_allreduce_two_ranks(tmp_path):
 
 def test_links_two_ranks(tmp_path):
     out = tmp_path / "links.jsonl"
-    proc = torchrun("ddplab.bench_links", "--bytes", "4e6", "--repeats", "2", "--rtt-repeats", "5",
+    proc = torchrun("ddplab.bench.links", "--bytes", "4e6", "--repeats", "2", "--rtt-repeats", "5",
                     "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     (rec,) = [json.loads(x) for x in out.read_text().splitlines()]

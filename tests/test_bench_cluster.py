@@ -1,9 +1,9 @@
-"""ddplab.bench_cluster: links + all-reduce at N=2 (a subgroup) and N=3 in one 3-rank torchrun job."""
+"""ddplab.bench.cluster: links + all-reduce at N=2 (a subgroup) and N=3 in one 3-rank torchrun job."""
 
 import json
 
 import pytest
-from ddplab import bench_cluster as bc
+from ddplab.bench import cluster as bc
 from test_bench_allreduce import torchrun
 
 
@@ -25,7 +25,7 @@ def test_bad_arguments_before_any_collective(monkeypatch, capsys):
 
 def test_links_and_allreduce_at_two_and_three(tmp_path):
     out = tmp_path / "job"
-    proc = torchrun("ddplab.bench_cluster", "--out-dir", str(out), "--world-sizes", "2,3",
+    proc = torchrun("ddplab.bench.cluster", "--out-dir", str(out), "--world-sizes", "2,3",
                     "--max-bytes", "2e6", "--repeats", "2", "--links-bytes", "1e6",
                     "--links-repeats", "1", "--rtt-repeats", "3",
                     nproc=3, timeout=240)
@@ -44,7 +44,7 @@ def test_links_and_allreduce_at_two_and_three(tmp_path):
 
 
 def test_world_size_larger_than_the_job(tmp_path):
-    proc = torchrun("ddplab.bench_cluster", "--out-dir", str(tmp_path), "--world-sizes", "2,3",
+    proc = torchrun("ddplab.bench.cluster", "--out-dir", str(tmp_path), "--world-sizes", "2,3",
                     "--max-bytes", "1e6", "--no-links", nproc=2, timeout=180)
     assert proc.returncode != 0
     assert "needs at least 2 ranks and at least max(--world-sizes) = 3" in proc.stderr

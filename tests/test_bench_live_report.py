@@ -1,9 +1,9 @@
-"""ddplab.report --metrics: the page kill-node.yml writes from the live metrics it fetched."""
+"""ddplab.controller.report --metrics: the page kill-node.yml writes from the live metrics it fetched."""
 
 import json
 import shutil
 
-from ddplab import report
+from ddplab.controller import report
 from test_report import make_run
 
 

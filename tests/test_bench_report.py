@@ -1,4 +1,4 @@
-"""ddplab.bench_report on a synthetic bench folder laid out as bench.yml leaves it."""
+"""ddplab.controller.bench_report on a synthetic bench folder laid out as bench.yml leaves it."""
 
 import json
 import re
@@ -6,7 +6,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from ddplab import bench_report, costmodel
+from ddplab.bench import costmodel
+from ddplab.controller import bench_report
 
 HOSTS = ["laptop-a", "laptop-b", "laptop-c"]
 MB = 1e6
@@ -133,7 +134,7 @@ def test_bench_report_tables_json_and_page(tmp_path, capsys):
 def test_slow_link_sets_the_model_and_is_named(tmp_path, capsys):
     bench = make_bench(tmp_path, shared_cpu=False, slow_link=11e6)
     rec = json.loads((bench / "raw" / "bench-x-links-n3.jsonl").read_text())
-    from ddplab.bench_links import slow_links
+    from ddplab.bench.links import slow_links
     rec["slow_links"] = slow_links(rec["bandwidth_bytes_per_s"], rec["hosts"], 0.5)
     (bench / "raw" / "bench-x-links-n3.jsonl").write_text(json.dumps(rec) + "\n")
     assert bench_report.main([str(bench)]) == 0

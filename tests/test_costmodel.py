@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from ddplab import costmodel as cm
+from ddplab.bench import costmodel as cm
 
 GPT2_PARAMS = 124e6
 GPT2_BYTES = 496e6

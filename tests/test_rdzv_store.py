@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 import rdzv_harness as h
-from ddplab import rdzv_store as rs
+from ddplab.controller import rdzv_store as rs
 
 
 def test_store_lifecycle(tmp_path, capsys):

@@ -7,8 +7,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from ddplab import report
-from ddplab.report import data, plots
+from ddplab.controller import report
+from ddplab.controller.report import data, plots
 
 HOSTS = ("laptop-a", "laptop-b", "laptop-c")
 T0 = 1_780_000_000.0

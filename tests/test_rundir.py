@@ -1,11 +1,12 @@
-"""ddplab.rundir / ddplab.records: the one reader of a run folder, and no import circle in ddplab."""
+"""ddplab.controller.rundir / ddplab.records: the one reader of a run folder; no import circle in ddplab."""
 
 import ast
 import json
 from pathlib import Path
 
 import pytest
-from ddplab import records, rundir
+from ddplab import records
+from ddplab.controller import rundir
 
 PACKAGE = Path(__file__).resolve().parent.parent / "train" / "ddplab"
 
@@ -147,10 +148,19 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_import_cycle_in_ddplab():
     graph = import_graph()
-    assert "ddplab.summary" in graph and graph["ddplab.summary"]  # the walk sees the package
+    assert graph["ddplab.controller.summary"]  # the walk sees the package
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
 
 
 def test_the_cycle_finder_finds_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_node_runtime_does_not_import_the_controller_side():
+    """The wheel shipped to the nodes leaves out ddplab.controller (train/pyproject.toml)."""
+    graph = import_graph()
+    node = {m: deps for m, deps in graph.items() if not m.startswith("ddplab.controller")}
+    assert "ddplab.status" in node and "ddplab.bench.cluster" in node
+    bad = {m: sorted(d for d in deps if d.startswith("ddplab.controller")) for m, deps in node.items()}
+    assert not {m: d for m, d in bad.items() if d}

@@ -1,7 +1,7 @@
 """Straggler detection on synthetic metrics records (docs/CONTRACTS.md step schema)."""
 
 import pytest
-from ddplab import straggler as sg
+from ddplab.controller import straggler as sg
 
 HOSTS = ("laptop-a", "laptop-b", "laptop-c")
 

@@ -16,7 +16,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from ddplab.rundir import load_run
+from ddplab.controller.rundir import load_run
 
 
 def median_step_time(run_dir: Path) -> float:

@@ -1,7 +1,7 @@
 """Action plugin ``ddp_job_watch``: follow a node's training job and print its progress line.
 
 Runs on the controller, once per trainer (in parallel, like any task). Every ``interval_s`` it runs
-``python -m ddplab.summary progress --json`` on the node (read-only: the newest metrics records and
+``python -m ddplab.status --json`` on the node (read-only: the newest metrics records and
 the agent unit's state), prints the node's line right away (``step, loss, val, world size, rank,
 tokens/s, restarts, [state]``) and returns when the node's agent is no longer running, when the
 node stayed unreachable for ``max_errors`` polls in a row, or after ``timeout_s``.
@@ -42,8 +42,7 @@ class ActionModule(ActionBase):
         argv = [
             args["python"],
             "-m",
-            "ddplab.summary",
-            "progress",
+            "ddplab.status",
             "--out-dir",
             args["out_dir"],
             "--unit",

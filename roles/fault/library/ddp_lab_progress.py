@@ -10,7 +10,7 @@ description:
   - Reads the metrics JSONL files of a run on the node (docs/CONTRACTS.md) and returns the newest
     record of every worker (who holds which rank, world size, step) and the state of the node's
     agent unit.
-  - With O(since), also measures that injection from this node's records (ddplab.faults) and
+  - With O(since), also measures that injection from this node's records (ddplab.controller.faults) and
     returns a O(phase) a play can wait on.
   - Read-only; supports check mode.
 options:
@@ -85,7 +85,7 @@ timed_out:
   type: bool
   returned: always
 phase:
-  description: waiting, recovered, continued, finished or ended (see ddplab.faults.progress_phase).
+  description: waiting, recovered, continued, finished or ended (see ddplab.controller.faults.progress_phase).
   type: str
   returned: when since is given
 measure:

@@ -1,1 +1,1 @@
-../../../train/ddplab/faults.py
+../../../train/ddplab/controller/faults.py

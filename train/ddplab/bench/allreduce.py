@@ -2,7 +2,7 @@
 
 Run one worker per node (the cluster's bench.yml does it), or locally::
 
-    torchrun --standalone --nproc-per-node=2 -m ddplab.bench_allreduce --max-bytes 64e6 \
+    torchrun --standalone --nproc-per-node=2 -m ddplab.bench.allreduce --max-bytes 64e6 \
         --out runs/bench-x/allreduce.jsonl
 
 Sizes double from ``--min-bytes`` (default 1 MB) and end at ``--max-bytes`` (default 496 MB, the
@@ -16,8 +16,8 @@ Rank 0 prints a table and appends one JSON object per size to ``--out`` (JSON li
 ``median_s``, ``min_s``, ``max_s`` (seconds), ``algbw_bytes_per_s`` = D / median,
 ``busbw_bytes_per_s`` = algbw * 2(N-1)/N (nccl-tests' bus bandwidth, comparable with a link's
 goodput whatever N is), ``link_gbps``, ``link_efficiency``, ``link_source``, ``model_s`` (ring
-model of :mod:`ddplab.costmodel` at that link rate), ``measured_over_model`` = median / model,
-``time``. With ``--link-from links.jsonl`` (the output of :mod:`ddplab.bench_links`) the model
+model of :mod:`ddplab.bench.costmodel` at that link rate), ``measured_over_model`` = median / model,
+``time``. With ``--link-from links.jsonl`` (the output of :mod:`ddplab.bench.links`) the model
 uses the measured goodput of the slowest directed link (a ring runs at the pace of its slowest
 link) at efficiency 1.0, instead of the nominal ``--link-gbps`` x ``--link-efficiency``.
 Every call's result is checked (each element must equal the sum of the ranks' fill values).
@@ -26,17 +26,15 @@ Every call's result is checked (each element must equal the sum of the ranks' fi
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
-import socket
 import statistics
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ddplab import costmodel
+from ddplab.bench import costmodel
+from ddplab.bench.worker import append_record, gather_hosts, run
 
 MB = 1e6
 
@@ -75,29 +73,7 @@ def link_rate_from_links(path: str | Path) -> float:
                     if isinstance(v, int | float) and v > 0]
             if vals:
                 return float(min(vals))
-    raise ValueError(f"--link-from {path}: no links record with a measured link (run ddplab.bench_links)")
-
-
-def init_distributed(pg_timeout_s: float):
-    """Join the gloo process group from torchrun's environment. Returns (torch.distributed, rank, N).
-
-    Raises RuntimeError with a one-line hint when not started by torchrun.
-    """
-    import torch.distributed as dist
-
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        raise RuntimeError("not started by torchrun (RANK/WORLD_SIZE unset): "
-                           "use torchrun --nproc-per-node=2 -m ddplab.<bench> ...")
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", timeout=dt.timedelta(seconds=pg_timeout_s))
-    return dist, dist.get_rank(), dist.get_world_size()
-
-
-def gather_hosts(dist) -> list[str]:
-    """Hostname of every rank, indexed by rank (a collective: every rank must call it)."""
-    hosts: list[str | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(hosts, socket.gethostname())
-    return [str(h) for h in hosts]
+    raise ValueError(f"--link-from {path}: no links record with a measured link (run ddplab.bench.links)")
 
 
 def _max_over_ranks(dist, torch, seconds: float, group=None) -> float:
@@ -175,7 +151,7 @@ def format_table(records: Sequence[dict]) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="torchrun ... -m ddplab.bench_allreduce",
+    ap = argparse.ArgumentParser(prog="torchrun ... -m ddplab.bench.allreduce",
                                  description="Time gloo all_reduce of float32 tensors, 1 MB up to D.")
     ap.add_argument("--min-bytes", type=float, default=1 * MB, help="smallest size, bytes (default 1e6)")
     ap.add_argument("--max-bytes", type=float, default=496 * MB, help="largest size, bytes (default 496e6)")
@@ -188,7 +164,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--link-efficiency", type=float, default=costmodel.DEFAULT_LINK_EFFICIENCY,
                     help="goodput / line rate for the model (default 0.88; 1.0 with a measured goodput)")
     ap.add_argument("--link-from", type=Path,
-                    help="model at the slowest link measured by ddplab.bench_links (its JSONL output)")
+                    help="model at the slowest link measured by ddplab.bench.links (its JSONL output)")
     ap.add_argument("--latency-ms", type=float, default=0.0, help="per-message latency for the model, ms")
     ap.add_argument("--pg-timeout-s", type=float, default=300.0, help="process-group timeout, s")
     ap.add_argument("--out", type=Path, help="append JSON lines here (rank 0)")
@@ -198,27 +174,21 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Worker entry point. Exit 0 on success, 2 on bad arguments, 1 on a failed collective."""
     args = _parser().parse_args(argv)
-    try:
+    link_source = "nominal"
+    sizes: list[int] = []
+
+    def check() -> None:
+        nonlocal link_source, sizes
         sizes = sizes_between(args.min_bytes, args.max_bytes)
         if args.warmup < 0 or args.repeats < 1 or args.budget_s <= 0:
             raise ValueError("need --warmup >= 0, --repeats >= 1, --budget-s > 0")
-        link_source = "nominal"
         if args.link_from:
             args.link_gbps = link_rate_from_links(args.link_from) * 8 / 1e9
             args.link_efficiency = 1.0
             link_source = f"slowest link measured in {args.link_from}"
         costmodel.link_bytes_per_s(args.link_gbps, args.link_efficiency)
-    except ValueError as exc:
-        print(f"bench_allreduce: {exc}", file=sys.stderr)
-        return 2
-    try:
-        import torch
 
-        dist, rank, n = init_distributed(args.pg_timeout_s)
-    except RuntimeError as exc:
-        print(f"bench_allreduce: {exc}", file=sys.stderr)
-        return 2
-    try:
+    def body(dist, torch, rank: int, n: int) -> None:
         hosts = gather_hosts(dist)
         records = []
         for nbytes in sizes:
@@ -230,19 +200,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"[bench_allreduce] {nbytes / MB:.0f} MB x{len(times)}: {rec['median_s'] * 1e3:.1f} ms",
                       flush=True)
                 if args.out:
-                    args.out.parent.mkdir(parents=True, exist_ok=True)
-                    with args.out.open("a") as fh:
-                        fh.write(json.dumps(rec) + "\n")
+                    append_record(args.out, rec)
         if rank == 0:
             print(format_table(records), flush=True)
         dist.barrier()
-    except RuntimeError as exc:  # gloo raises RuntimeError (and subclasses) on a lost peer or timeout
-        print(f"bench_allreduce: rank {rank}: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    return 0
+
+    return run("bench_allreduce", args.pg_timeout_s, check, body)
 
 
 if __name__ == "__main__":

@@ -2,14 +2,14 @@
 
 bench.yml runs it once on every trainer (one worker per node)::
 
-    torchrun ... -m ddplab.bench_cluster --world-sizes 2,3 --max-bytes 64e6 --out-dir .
+    torchrun ... -m ddplab.bench.cluster --world-sizes 2,3 --max-bytes 64e6 --out-dir .
 
 It measures, in one process group (one rendezvous and one launch instead of one per measurement):
 
-1. the links, as :mod:`ddplab.bench_links` does (every pair alone), written to
+1. the links, as :mod:`ddplab.bench.links` does (every pair alone), written to
    ``<out-dir>/links.jsonl`` (skipped with ``--no-links``);
 2. for each N in ``--world-sizes`` (default: the world size): the all-reduce sweep of
-   :mod:`ddplab.bench_allreduce` over the first N ranks (a ``torch.distributed.new_group``;
+   :mod:`ddplab.bench.allreduce` over the first N ranks (a ``torch.distributed.new_group``;
    the other ranks wait at a barrier, so each figure is N nodes alone), appended to
    ``<out-dir>/allreduce.jsonl`` with ``world_size`` N and the N hosts.
 
@@ -21,15 +21,14 @@ is lost.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ddplab import bench_allreduce as ba
-from ddplab import bench_links as bl
-from ddplab import costmodel
+from ddplab.bench import allreduce as ba
+from ddplab.bench import costmodel
+from ddplab.bench import links as bl
+from ddplab.bench.worker import EXIT_BAD_INPUT, append_record, gather_hosts, run
 
 
 def parse_world_sizes(text: str) -> list[int]:
@@ -45,7 +44,7 @@ def parse_world_sizes(text: str) -> list[int]:
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="torchrun ... -m ddplab.bench_cluster",
+        prog="torchrun ... -m ddplab.bench.cluster",
         description="Links matrix, then the all-reduce sweep at several world sizes.")
     ap.add_argument("--out-dir", type=Path, required=True, help="links.jsonl and allreduce.jsonl go here")
     ap.add_argument("--no-links", action="store_true", help="skip the links matrix")
@@ -69,16 +68,14 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _append(path: Path, rec: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        fh.write(json.dumps(rec) + "\n")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Worker entry point (see the module docstring for the exit status)."""
     args = _parser().parse_args(argv)
-    try:
+    sizes: list[int] = []
+    world_sizes: list[int] = []
+
+    def check() -> None:
+        nonlocal sizes, world_sizes
         sizes = ba.sizes_between(args.min_bytes, args.max_bytes)
         world_sizes = parse_world_sizes(args.world_sizes) if args.world_sizes else []
         if args.warmup < 0 or args.repeats < 1 or args.budget_s <= 0:
@@ -86,34 +83,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.links_bytes < 4 or args.links_repeats < 1 or args.rtt_repeats < 1:
             raise ValueError("need --links-bytes >= 4, --links-repeats >= 1, --rtt-repeats >= 1")
         costmodel.link_bytes_per_s(args.link_gbps, args.link_efficiency)
-    except ValueError as exc:
-        print(f"bench_cluster: {exc}", file=sys.stderr)
-        return 2
-    try:
-        import torch
 
-        dist, rank, n = ba.init_distributed(args.pg_timeout_s)
-    except RuntimeError as exc:
-        print(f"bench_cluster: {exc}", file=sys.stderr)
-        return 2
-    try:
+    def body(dist, torch, rank: int, n: int) -> int | None:
         if n < 2 or (world_sizes and world_sizes[-1] > n):
             if rank == 0:
                 print(f"bench_cluster: world size {n}: needs at least 2 ranks and at least "
                       f"max(--world-sizes) = {world_sizes[-1] if world_sizes else 2}", file=sys.stderr)
-            return 2
-        hosts = ba.gather_hosts(dist)
+            return EXIT_BAD_INPUT
+        hosts = gather_hosts(dist)
         if not args.no_links:
             nbytes = int(args.links_bytes) // 4 * 4
             res = bl.measure_links(dist, torch, nbytes, args.links_repeats, args.rtt_repeats)
             if rank == 0:
-                rec = {"kind": "links", "time": time.time(), "backend": "gloo", "world_size": n,
-                       "hosts": hosts, "bytes": nbytes, "repeats": args.links_repeats,
-                       "rtt_repeats": args.rtt_repeats,
-                       "bandwidth_bytes_per_s": res["bw"], "rtt_ms": res["rtt"],
-                       "slow_links": bl.slow_links(res["bw"], hosts, 0.5)}
+                rec = bl.links_record(res, hosts, nbytes, args.links_repeats, args.rtt_repeats, 0.5)
                 print(bl.format_matrices(rec), flush=True)
-                _append(args.out_dir / "links.jsonl", rec)
+                append_record(args.out_dir / "links.jsonl", rec)
         records = []
         for ws in ([] if args.no_allreduce else world_sizes or [n]):
             group = None if ws == n else dist.new_group(list(range(ws)))  # every rank takes part
@@ -125,20 +109,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                         rec = ba.result_record(nbytes, ws, hosts[:ws], times, args.link_gbps,
                                                args.link_efficiency)
                         records.append(rec)
-                        _append(args.out_dir / "allreduce.jsonl", rec)
+                        append_record(args.out_dir / "allreduce.jsonl", rec)
                         print(f"[bench_cluster] all-reduce N={ws} {nbytes / ba.MB:.0f} MB x{len(times)}: "
                               f"{rec['median_s'] * 1e3:.1f} ms", flush=True)
             dist.barrier()
         if rank == 0 and records:
             print(ba.format_table(records), flush=True)
         dist.barrier()
-    except RuntimeError as exc:  # gloo raises RuntimeError (and subclasses) on a lost peer or timeout
-        print(f"bench_cluster: rank {rank}: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    return 0
+        return None
+
+    return run("bench_cluster", args.pg_timeout_s, check, body)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ Quantities and units (decimal SI throughout, as network rates are quoted):
   reduction add more. ``DEFAULT_LINK_EFFICIENCY = 0.88`` (110 MB/s on gigabit) is the value that
   reproduces the figures measured on real laptops on a gigabit switch (the project seed's table:
   ~4.5 s at N=2, ~6.0 s at N=3, ~9 s limit for 496 MB). Measure yours with
-  ``ddplab.bench_links`` / ``ddplab.bench_allreduce`` and pass it in.
+  ``ddplab.bench.links`` / ``ddplab.bench.allreduce`` and pass it in.
 * ``alpha`` -- per-message latency (s); each of the ``2(N-1)`` ring steps pays it once.
 
 Ring all-reduce (reduce-scatter then all-gather, each ``N-1`` steps of ``D/N`` bytes per rank)::
@@ -263,9 +263,10 @@ def _parse_nodes(text: str) -> list[int]:
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI: print the prediction table (or JSON lines with ``--json``). Exit 2 on bad input."""
     ap = argparse.ArgumentParser(
-        prog="python -m ddplab.costmodel",
+        prog="python -m ddplab.bench.costmodel",
         description="Predict ring all-reduce time, step time and speedup of data-parallel training.",
-        epilog="Example: python -m ddplab.costmodel --params 124e6 --nodes 3 --link-gbps 1 --compute-s 5",
+        epilog="Example: python -m ddplab.bench.costmodel --params 124e6 --nodes 3 --link-gbps 1 "
+        "--compute-s 5",
     )
     size = ap.add_mutually_exclusive_group(required=True)
     size.add_argument("--params", type=float, help="parameter count (fp32 gradients: D = 4 * params)")

@@ -2,7 +2,7 @@
 
 One worker per node (bench.yml), or locally::
 
-    torchrun --standalone --nproc-per-node=2 -m ddplab.bench_links --bytes 64e6 --out links.jsonl
+    torchrun --standalone --nproc-per-node=2 -m ddplab.bench.links --bytes 64e6 --out links.jsonl
 
 The pairs are measured one at a time (the others wait at a barrier), so each figure is one link
 alone, not a shared switch. For a pair (a, b) with a < b, using ``torch.distributed.send/recv``
@@ -25,7 +25,6 @@ node that fell back to WiFi shows up there.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -33,7 +32,8 @@ from collections.abc import Sequence
 from itertools import combinations
 from pathlib import Path
 
-from ddplab.bench_allreduce import MB, gather_hosts, init_distributed
+from ddplab.bench.allreduce import MB
+from ddplab.bench.worker import EXIT_BAD_INPUT, append_record, gather_hosts, run
 
 
 def _ping_pong(dist, torch, me: int, peer: int, first: bool, repeats: int) -> list[float]:
@@ -119,6 +119,15 @@ def slow_links(bw: list[list[float | None]], hosts: list[str], fraction: float) 
     ]
 
 
+def links_record(res: dict, hosts: list[str], nbytes: int, repeats: int, rtt_repeats: int,
+                 slow_fraction: float) -> dict:
+    """The ``kind: links`` record of a :func:`measure_links` result ``res`` (rank 0's)."""
+    return {"kind": "links", "time": time.time(), "backend": "gloo", "world_size": len(hosts), "hosts": hosts,
+            "bytes": nbytes, "repeats": repeats, "rtt_repeats": rtt_repeats,
+            "bandwidth_bytes_per_s": res["bw"], "rtt_ms": res["rtt"],
+            "slow_links": slow_links(res["bw"], hosts, slow_fraction)}
+
+
 def format_matrices(rec: dict) -> str:
     """The bandwidth (MB/s and Gb/s) and RTT (ms) matrices of a links record, plus slow links."""
     hosts = [f"{h}#{i}" for i, h in enumerate(rec["hosts"])]
@@ -140,7 +149,7 @@ def format_matrices(rec: dict) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Worker entry point. Exit 0 on success, 2 on bad arguments, 1 on a failed transfer."""
-    ap = argparse.ArgumentParser(prog="torchrun ... -m ddplab.bench_links",
+    ap = argparse.ArgumentParser(prog="torchrun ... -m ddplab.bench.links",
                                  description="Pairwise bandwidth and RTT matrix (gloo send/recv).")
     ap.add_argument("--bytes", type=float, default=64 * MB, help="bytes per transfer (default 64e6)")
     ap.add_argument("--repeats", type=int, default=3, help="timed transfers per direction (default 3)")
@@ -150,43 +159,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--pg-timeout-s", type=float, default=300.0, help="process-group timeout, s")
     ap.add_argument("--out", type=Path, help="append the JSON record here (rank 0)")
     args = ap.parse_args(argv)
-    if args.bytes < 4 or args.repeats < 1 or args.rtt_repeats < 1 or not 0 < args.slow_fraction < 1:
-        print("bench_links: need --bytes >= 4, --repeats >= 1, --rtt-repeats >= 1, 0 < --slow-fraction < 1",
-              file=sys.stderr)
-        return 2
     nbytes = int(args.bytes) // 4 * 4
-    try:
-        import torch
 
-        dist, rank, n = init_distributed(args.pg_timeout_s)
-    except RuntimeError as exc:
-        print(f"bench_links: {exc}", file=sys.stderr)
-        return 2
-    try:
+    def check() -> None:
+        if args.bytes < 4 or args.repeats < 1 or args.rtt_repeats < 1 or not 0 < args.slow_fraction < 1:
+            raise ValueError("need --bytes >= 4, --repeats >= 1, --rtt-repeats >= 1, 0 < --slow-fraction < 1")
+
+    def body(dist, torch, rank: int, n: int) -> int | None:
         if n < 2:
             if rank == 0:
                 print("bench_links: needs at least 2 ranks (one per node)", file=sys.stderr)
-            return 2
+            return EXIT_BAD_INPUT
         hosts = gather_hosts(dist)
         res = measure_links(dist, torch, nbytes, args.repeats, args.rtt_repeats)
         if rank == 0:
-            rec = {"kind": "links", "time": time.time(), "backend": "gloo", "world_size": n, "hosts": hosts,
-                   "bytes": nbytes, "repeats": args.repeats, "rtt_repeats": args.rtt_repeats,
-                   "bandwidth_bytes_per_s": res["bw"], "rtt_ms": res["rtt"],
-                   "slow_links": slow_links(res["bw"], hosts, args.slow_fraction)}
+            rec = links_record(res, hosts, nbytes, args.repeats, args.rtt_repeats, args.slow_fraction)
             print(format_matrices(rec), flush=True)
             if args.out:
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                with args.out.open("a") as fh:
-                    fh.write(json.dumps(rec) + "\n")
+                append_record(args.out, rec)
         dist.barrier()
-    except RuntimeError as exc:
-        print(f"bench_links: rank {rank}: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    return 0
+        return None
+
+    return run("bench_links", args.pg_timeout_s, check, body)
 
 
 if __name__ == "__main__":

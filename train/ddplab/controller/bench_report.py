@@ -1,10 +1,11 @@
-"""Tables, JSON results and report of a cluster bench: ``python -m ddplab.bench_report runs/bench-<id>``.
+"""Tables, JSON results and report of a cluster bench:
+``python -m ddplab.controller.bench_report runs/bench-<id>``.
 
 bench.yml (roles/bench) fills the bench's folder on the controller::
 
     bench.json                 settings, shaping, nodes (CPUs, kernel boot id, load average)
-    raw/<round>.jsonl          records of ddplab.bench_links (kind "links") and
-                               ddplab.bench_allreduce (kind "allreduce"), as rank 0 wrote them
+    raw/<round>.jsonl          records of ddplab.bench.links (kind "links") and
+                               ddplab.bench.allreduce (kind "allreduce"), as rank 0 wrote them
     rounds/<round>/<host>/...  the scaling runs of ddplab.train, collected like any run
 
 This module reads them and writes ``links.json``, ``allreduce.json``, ``scaling.json``,
@@ -13,7 +14,7 @@ This module reads them and writes ``links.json``, ``allreduce.json``, ``scaling.
 * **links** -- the bandwidth (bytes/s, row -> column) and RTT (ms) matrices, slow links flagged.
 * **all-reduce** -- per size D and world size N: median time, bus bandwidth
   (``busbw = D/t * 2(N-1)/N``, nccl-tests), the ring model ``2(N-1)/N * D/B + 2(N-1) * alpha``
-  (:mod:`ddplab.costmodel`) at the *measured* link: ``B`` the slowest directed link between the
+  (:mod:`ddplab.bench.costmodel`) at the *measured* link: ``B`` the slowest directed link between the
   round's hosts, ``alpha`` half their median RTT; and measured/model. Without a links record the
   model uses the nominal rate of bench.json (``link_gbps`` x ``link_efficiency``).
 * **scaling** -- per world size: the steady-state step (steps after the first ``skip_fraction``
@@ -39,13 +40,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddplab import costmodel
-from ddplab.bench_allreduce import MB
-from ddplab.bench_links import format_matrices
+from ddplab.bench import costmodel
+from ddplab.bench.allreduce import MB
+from ddplab.bench.links import format_matrices
+from ddplab.controller.report import html, plots
+from ddplab.controller.report.data import step_series
+from ddplab.controller.rundir import RunFolder, load_run
 from ddplab.records import num, read_jsonl
-from ddplab.report import html, plots
-from ddplab.report.data import step_series
-from ddplab.rundir import RunFolder, load_run
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_EMPTY = 0, 2, 3
 #: Speedups the project seed reports for real laptops on a gigabit switch (README of the seed).
@@ -591,7 +592,7 @@ def build(bench_dir: str | Path) -> tuple[Path, str, bool]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI: print the tables and the report's path. Exit 0 written, 2 bad input, 3 no results."""
-    ap = argparse.ArgumentParser(prog="python -m ddplab.bench_report",
+    ap = argparse.ArgumentParser(prog="python -m ddplab.controller.bench_report",
                                  description="Tables, JSON results and report.html of a bench folder.")
     ap.add_argument("bench_dir", help="the bench's folder, runs/bench-<id>")
     args = ap.parse_args(argv)

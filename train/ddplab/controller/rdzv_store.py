@@ -50,7 +50,7 @@ from typing import Any
 
 import psutil
 
-LOG = logging.getLogger("ddplab.rdzv_store")
+LOG = logging.getLogger("ddplab.controller.rdzv_store")
 
 DEFAULT_PORT = 29400
 DEFAULT_STATE_DIR = "runs/.rdzv"
@@ -198,7 +198,8 @@ def supervise(host: str, port: int, state_dir: Path) -> int:
         while not stopping["flag"]:
             if child is None:
                 child = subprocess.Popen(
-                    [sys.executable, "-m", "ddplab.rdzv_store", "serve", "--host", host, "--port", str(port)],
+                    [sys.executable, "-m", "ddplab.controller.rdzv_store", "serve", "--host", host,
+                     "--port", str(port)],
                     stdin=subprocess.DEVNULL,
                 )
                 state.server_pid = child.pid
@@ -252,7 +253,7 @@ def start(host: str, port: int, state_dir: Path, wait_s: float = 30.0) -> dict[s
         if state.host != host:
             raise StoreError(
                 f"a ddp-lab store already serves port {port} for host address {state.host}, not {host}: "
-                f"run `python -m ddplab.rdzv_store stop --port {port}` first",
+                f"run `python -m ddplab.controller.rdzv_store stop --port {port}` first",
                 code=2,
             )
         if ping(host, port):
@@ -272,14 +273,14 @@ def start(host: str, port: int, state_dir: Path, wait_s: float = 30.0) -> dict[s
         )
     _, logfile = _paths(state_dir, port)
     env = dict(os.environ)
-    pkg_root = str(Path(__file__).resolve().parent.parent)
+    pkg_root = str(Path(__file__).resolve().parents[2])  # the folder holding ddplab/
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH", "")) if p)
     with open(logfile, "ab") as log:
         proc = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
-                "ddplab.rdzv_store",
+                "ddplab.controller.rdzv_store",
                 "supervise",
                 "--host",
                 host,
@@ -358,7 +359,8 @@ def status(port: int, state_dir: Path, host: str | None = None) -> dict[str, Any
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ddplab.rdzv_store", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ddplab.controller.rdzv_store",
+                                description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     for name in ("serve", "supervise", "start", "stop", "status"):
         sp = sub.add_parser(name)

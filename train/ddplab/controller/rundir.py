@@ -3,7 +3,7 @@
 ``runs/<run_id>/`` holds ``<host>/metrics/*.jsonl`` (every worker's records), ``<host>/run.json``
 and ``<host>/result.json`` (the run's configuration and rank 0's result, as collected),
 ``events.jsonl`` (fault injections and play events) and ``summary.json`` (written by
-:mod:`ddplab.summary`). :func:`load_run` reads all of it into a :class:`RunFolder`; the summary,
+:mod:`ddplab.controller.summary`). :func:`load_run` reads all of it into a :class:`RunFolder`; the summary,
 the fault measurement, the report, the straggler finder and the bench report work on that, never
 on the files.
 

@@ -1,22 +1,18 @@
-"""Run summary and live progress, from the metrics JSONL records (docs/CONTRACTS.md).
+"""Run summary and fault measurement of a collected run folder (docs/CONTRACTS.md).
 
-Three jobs (this module is the only writer of ``summary.json``; the run folder is read by
-:mod:`ddplab.rundir`):
+The only writer of ``summary.json``; the folder is read by :mod:`ddplab.controller.rundir` (a
+node's live progress is :mod:`ddplab.status`). Two commands:
 
-* **summary** (controller, after collection): ``python -m ddplab.summary build runs/<run_id>``
+* **build** (after collection): ``python -m ddplab.controller.summary build runs/<run_id>``
   reads ``<host>/metrics/*.jsonl`` (+ ``<host>/result.json``, ``events.jsonl`` and an existing
   ``summary.json``), writes ``runs/<run_id>/summary.json`` atomically and prints a short human
   summary. Fields: ``run_id, hosts, steps_completed, final_train_loss, final_val_loss, wall_s,
   world_size_timeline [{time, step, world_size}], restarts, faults, batch_policy, stragglers,
   report`` and, beyond the contract, ``max_steps, first_train_loss, per_host, sample``.
-* **faults** (controller, during and after a fault run): ``python -m ddplab.summary faults
+* **faults** (during and after a fault run): ``python -m ddplab.controller.summary faults
   runs/<run_id> [--metrics DIR] [--json] [--last] [--no-write]`` measures every injection of
-  ``events.jsonl`` with :mod:`ddplab.faults`, stores the list as ``faults`` in summary.json and
-  prints a table; ``--rank-of R`` prints the host holding global rank R now.
-* **progress** (each node, during training): ``python -m ddplab.summary progress --out-dir DIR
-  [--unit ddp-lab-agent] [--json]`` prints one line for the node: step, loss, world size,
-  tokens/s, restarts and the agent unit's state; ``--json`` adds the machine-readable fields the
-  watch loop decides on (``state``: running | succeeded | failed | absent).
+  ``events.jsonl`` with :mod:`ddplab.controller.faults`, stores the list as ``faults`` in
+  summary.json and prints a table; ``--rank-of R`` prints the host holding global rank R now.
 
 Definitions (all times unix seconds, from the nodes' clocks):
 
@@ -35,7 +31,7 @@ Definitions (all times unix seconds, from the nodes' clocks):
 ``restarts``
     how many times the group re-formed: rank-0 ``start`` records minus one.
 ``faults``
-    measured by :mod:`ddplab.faults` from the ``kind: fault`` records of ``events.jsonl`` (the
+    measured by :mod:`ddplab.controller.faults` from the ``kind: fault`` records of ``events.jsonl`` (the
     hook :func:`measure_faults`); when there are none, the list already in ``summary.json`` is kept.
 """
 
@@ -44,18 +40,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ddplab import faults, straggler
-from ddplab.records import Record, as_int, events_of, num, read_metrics_dir
-from ddplab.rundir import (
+from ddplab.controller import faults, straggler
+from ddplab.controller.rundir import (
     SUMMARY_FILE,
     RunFolder,
     RunFolderError,
@@ -64,8 +56,9 @@ from ddplab.rundir import (
     read_json,
     world_size_timeline,
 )
+from ddplab.records import Record, as_int, events_of, num
+from ddplab.status import fmt
 
-TAIL_BYTES = 256 * 1024  # progress reads at most this much of the end of each metrics file
 SummaryError = RunFolderError  # bad input: the run folder does not exist
 
 
@@ -125,7 +118,7 @@ def first_train_loss(records: Sequence[Record]) -> float | None:
 
 
 def measure_faults(run: RunFolder) -> list[dict[str, Any]]:
-    """The ``faults`` list: measured by :mod:`ddplab.faults` when events.jsonl records injections,
+    """The ``faults`` list: measured by :mod:`ddplab.controller.faults` when events.jsonl records injections,
     else the list summary.json already holds (or [])."""
     existing = run.summary.get("faults")
     kept = list(existing) if isinstance(existing, list) else []
@@ -139,7 +132,7 @@ def measure_faults(run: RunFolder) -> list[dict[str, Any]]:
 
 
 def find_stragglers(records: Sequence[Record]) -> list[dict[str, Any]]:
-    """Straggler findings of :mod:`ddplab.straggler` as dicts plus a ``text`` line each."""
+    """Straggler findings of :mod:`ddplab.controller.straggler` as dicts plus a ``text`` line each."""
     return [{**asdict(f), "text": straggler.format_finding(f)} for f in straggler.detect_stragglers(records)]
 
 
@@ -227,15 +220,11 @@ def write_summary(run_dir: str | Path, summary: Mapping[str, Any]) -> Path:
 
 def update_summary(run_dir: str | Path, **fields: Any) -> Path:
     """Merge ``fields`` into ``run_dir/summary.json`` (creating a minimal one with ``run_id`` when
-    absent) and write it atomically; the hook other tools (ddplab.faults) write through."""
+    absent) and write it atomically; the hook other tools (ddplab.controller.faults) write through."""
     run_dir = Path(run_dir)
     data = read_json(run_dir / SUMMARY_FILE) or {"run_id": run_dir.name}
     data.update(fields)
     return write_summary(run_dir, data)
-
-
-def _fmt(v: float | None, spec: str = ".3f", none: str = "-") -> str:
-    return none if v is None else format(v, spec)
 
 
 def human_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None) -> str:
@@ -250,9 +239,9 @@ def human_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None)
     )
     wall = num(summary.get("wall_s"))
     lines.append(
-        f"loss: train {_fmt(num(summary.get('first_train_loss')))} -> "
-        f"{_fmt(num(summary.get('final_train_loss')))}, "
-        f"val {_fmt(num(summary.get('final_val_loss')))}; wall {_fmt(wall, '.0f')} s"
+        f"loss: train {fmt(num(summary.get('first_train_loss')))} -> "
+        f"{fmt(num(summary.get('final_train_loss')))}, "
+        f"val {fmt(num(summary.get('final_val_loss')))}; wall {fmt(wall, '.0f')} s"
     )
     tl = summary.get("world_size_timeline") or []
     if tl:
@@ -263,15 +252,15 @@ def human_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None)
         )
     for f in summary.get("faults") or []:
         lines.append(
-            f"fault {f.get('mode')} {f.get('node')}: detected {_fmt(num(f.get('detected_s')), '.1f')} s, "
-            f"recovered {_fmt(num(f.get('recovered_s')), '.1f')} s, steps lost {f.get('steps_lost', '-')}"
+            f"fault {f.get('mode')} {f.get('node')}: detected {fmt(num(f.get('detected_s')), '.1f')} s, "
+            f"recovered {fmt(num(f.get('recovered_s')), '.1f')} s, steps lost {f.get('steps_lost', '-')}"
         )
     for s in (summary.get("stragglers") or [])[:3]:
         lines.append(s.get("text", str(s)))
     for h, fig in (summary.get("per_host") or {}).items():
         missing = [k for k in ("checkpoint", "sample", "journal") if not fig.get(k)]
         lines.append(
-            f"  {h}: step {fig.get('last_step')}, {_fmt(fig.get('median_tokens_per_s'), '.0f')} tok/s, "
+            f"  {h}: step {fig.get('last_step')}, {fmt(fig.get('median_tokens_per_s'), '.0f')} tok/s, "
             f"restarts {fig.get('restart_count')}"
             + (f", failures {len(fig['failures'])}" if fig.get("failures") else "")
             + (
@@ -285,145 +274,6 @@ def human_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None)
             f"folder: {run_dir}" + (f" (sample: {summary['sample']})" if summary.get("sample") else "")
         )
     return "\n".join(lines)
-
-
-# ----------------------------------------------------------------------------- live progress
-
-
-def unit_state(unit: str) -> dict[str, str]:
-    """``systemctl show`` of a unit: LoadState, ActiveState, SubState, Result, ExecMainStatus,
-    InvocationID ({} when systemctl is not available)."""
-    props = (
-        "LoadState,ActiveState,SubState,Result,ExecMainStatus,ExecMainCode,InvocationID,"
-        "ExecMainStartTimestampMonotonic"
-    )
-    try:
-        out = subprocess.run(
-            ["systemctl", "show", unit, "-p", props], capture_output=True, text=True, timeout=20, check=False
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-
-
-def job_state(unit: Mapping[str, str], records: Sequence[Record]) -> str:
-    """``running`` | ``succeeded`` | ``failed`` | ``absent`` for one node's agent.
-
-    The unit is started with RemainAfterExit=yes, so a finished agent stays ``active/exited`` with
-    its Result. Without unit information (no systemd) the records decide: an ``end`` record ->
-    succeeded, else running.
-    """
-    if not unit:
-        return "succeeded" if events_of(records, "end") else "running"
-    if unit.get("LoadState") == "not-found":
-        return "absent"
-    active, sub, result = unit.get("ActiveState"), unit.get("SubState"), unit.get("Result")
-    if active == "failed" or (result not in (None, "", "success")):
-        return "failed"
-    if active == "active" and sub == "exited":
-        return "succeeded" if unit.get("ExecMainStatus", "0") == "0" else "failed"
-    if active in ("active", "activating", "reloading", "deactivating"):
-        return "running"
-    return "succeeded" if events_of(records, "end") else "absent"
-
-
-def node_progress(records: Sequence[Record]) -> dict[str, Any]:
-    """The newest figures of one node from its records (any order).
-
-    Returns ``{step, max_steps, loss, val_loss, world_size, tokens_per_s, restart_count, rank,
-    age_s, finished, failure}`` (None where unknown); ``age_s``: seconds since the newest record.
-    """
-    recs = sorted(records, key=lambda r: num(r.get("time")) or 0.0)
-    steps = events_of(recs, "step")
-    last = steps[-1] if steps else {}
-    starts = events_of(recs, "start")
-    vals = events_of(recs, "val")
-    fails = events_of(recs, "failure")
-    newest = recs[-1] if recs else {}
-    failure = None
-    if fails and num(fails[-1].get("time")) == num(newest.get("time")):
-        failure = str(fails[-1].get("error"))
-    tnew = num(newest.get("time"))
-    return {
-        "step": next(
-            (
-                as_int(r.get("step"))
-                for r in reversed(recs)
-                if r.get("event") in ("step", "val", "checkpoint", "end", "failure")
-                and as_int(r.get("step")) is not None
-            ),
-            None,
-        ),
-        "max_steps": as_int(starts[-1].get("max_steps")) if starts else None,
-        "loss": num(last.get("loss")),
-        "val_loss": num(vals[-1].get("val_loss")) if vals else None,
-        "world_size": as_int(newest.get("world_size")),
-        "tokens_per_s": num(last.get("tokens_per_s")),
-        "restart_count": as_int(newest.get("restart_count")),
-        "rank": as_int(newest.get("rank")),
-        "age_s": round(time.time() - tnew, 1) if tnew is not None else None,
-        "finished": bool(events_of(recs, "end")),
-        "failure": failure,
-    }
-
-
-def format_progress(host: str, p: Mapping[str, Any], state: str | None = None) -> str:
-    """One progress line, e.g.
-    ``laptop-a  step  120/1500  loss 2.314  val 2.410  ws 3  rank 0  12.3k tok/s  restarts 0  running``.
-    """
-
-    def tok(v: float | None) -> str:
-        if v is None:
-            return "- tok/s"
-        return f"{v / 1000:.1f}k tok/s" if v >= 1000 else f"{v:.0f} tok/s"
-
-    if p.get("step") is None:
-        body = "no metrics yet (starting: rendezvous, data, model)"
-    else:
-
-        def val(key: str) -> Any:
-            return "-" if p.get(key) is None else p[key]
-
-        total = "?" if p.get("max_steps") is None else p["max_steps"]
-        body = (
-            f"step {p['step']:>5}/{total}  loss {_fmt(p.get('loss'))}  val {_fmt(p.get('val_loss'))}"
-            f"  ws {val('world_size')}  rank {val('rank')}  {tok(p.get('tokens_per_s'))}"
-            f"  restarts {val('restart_count')}"
-        )
-        if p.get("age_s") is not None and p["age_s"] > 30 and not p.get("finished"):
-            body += f"  (last record {p['age_s']:.0f} s ago)"
-        if p.get("failure"):
-            body += f"  last failure: {p['failure'][:120]}"
-    return f"{host:<12} {body}" + (f"  [{state}]" if state else "")
-
-
-def unit_started_at(unit: Mapping[str, str]) -> float | None:
-    """Unix time the unit's main process started (from ExecMainStartTimestampMonotonic, which is
-    CLOCK_MONOTONIC in microseconds, like time.monotonic()); None when unknown."""
-    try:
-        mono_us = int(unit.get("ExecMainStartTimestampMonotonic", "0"))
-    except ValueError:
-        return None
-    if mono_us <= 0:
-        return None
-    return time.time() - (time.monotonic() - mono_us / 1e6)
-
-
-def progress(out_dir: Path, unit: str | None, host: str | None = None) -> dict[str, Any]:
-    """The progress of this node: ``{host, state, unit, progress, line}`` (see :func:`job_state`).
-
-    Only records written since the unit's current start count (a resumed run's folder holds the
-    records of earlier launches too).
-    """
-    host = host or socket.gethostname()
-    records, _skipped = read_metrics_dir(out_dir / "metrics", tail_bytes=TAIL_BYTES)
-    u = unit_state(unit) if unit else {}
-    since = unit_started_at(u)
-    if since is not None:
-        records = [r for r in records if (num(r.get("time")) or 0.0) >= since - 1.0]
-    state = job_state(u, records)
-    p = node_progress(records)
-    return {"host": host, "state": state, "unit": u, "progress": p, "line": format_progress(host, p, state)}
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -460,7 +310,8 @@ def faults_cli(a: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI; exit 0 ok, 2 bad input (nothing written)."""
-    ap = argparse.ArgumentParser(prog="python -m ddplab.summary", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m ddplab.controller.summary",
+                                 description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="write runs/<run_id>/summary.json and print the human summary")
     b.add_argument("run_dir", type=Path)
@@ -475,11 +326,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     f.add_argument("--no-write", action="store_true", help="do not update summary.json")
     f.add_argument("--rank-of", type=int, default=None, metavar="R",
                    help="print the host holding global rank R in the newest metrics, and exit")
-    p = sub.add_parser("progress", help="one progress line for this node")
-    p.add_argument("--out-dir", type=Path, required=True, help="the run's folder on this node")
-    p.add_argument("--unit", default="ddp-lab-agent", help="the agent's systemd unit ('' = none)")
-    p.add_argument("--host", default=None, help="name to show (default: hostname)")
-    p.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     if a.cmd == "build":
         try:
@@ -490,11 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_summary(a.run_dir, summary)
         print(json.dumps(summary, indent=2) if a.json else human_summary(summary, a.run_dir))
         return 0
-    if a.cmd == "faults":
-        return faults_cli(a)
-    out = progress(a.out_dir, a.unit or None, a.host)
-    print(json.dumps(out) if a.json else out["line"])
-    return 0
+    return faults_cli(a)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Static HTML report of one run: ``python -m ddplab.report runs/<run_id>``.
+"""Static HTML report of one run: ``python -m ddplab.controller.report runs/<run_id>``.
 
 Reads the run record on the controller (docs/CONTRACTS.md): ``summary.json`` (optional: figures
 are derived from the metrics when it is missing), ``events.jsonl`` (optional) and
@@ -12,12 +12,11 @@ offline) and ``plots/*.png`` (matplotlib, Agg), referenced by relative paths:
 * ``cpu.png``        CPU clock and temperature per node ("no sensor" when all null)
 * ``share.png``      compute vs all-reduce share of the step, per step
 
-Layout: :mod:`ddplab.rundir` reads the folder, :mod:`ddplab.report.data` derives the figures,
-:mod:`ddplab.report.plots` draws them, :mod:`ddplab.report.html` lays out the page; this module
-only ties them together.
+Layout: :mod:`ddplab.controller.rundir` reads the folder, :mod:`.data` derives the figures,
+:mod:`.plots` draws them, :mod:`.html` lays out the page; this module only ties them together.
 
 Tables: key figures, recoveries (mode, node, detection, recovery, steps lost), straggler findings
-(:mod:`ddplab.straggler`), figures per world size, events.
+(:mod:`ddplab.controller.straggler`), figures per world size, events.
 
 Exit status: 0 report written; 2 bad input (no such run folder), nothing written; 3 the run has
 no step metrics: a page saying so (with what was found) is written, so a printed link still works.
@@ -30,10 +29,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ddplab import straggler
-from ddplab.report import html, plots
-from ddplab.rundir import RunFolder, RunFolderError
-from ddplab.rundir import load_run as read_run_folder
+from ddplab.controller import straggler
+from ddplab.controller.report import html, plots
+from ddplab.controller.rundir import RunFolder, RunFolderError
+from ddplab.controller.rundir import load_run as read_run_folder
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_NO_METRICS = 0, 2, 3
 
@@ -43,7 +42,7 @@ class ReportError(RunFolderError):
 
 
 def load_run(path: str | Path, metrics_dir: str | Path | None = None) -> RunFolder:
-    """The run folder as :func:`ddplab.rundir.load_run` reads it, for a report: raises ReportError
+    """The run folder as :func:`ddplab.controller.rundir.load_run` reads it, for a report: raises ReportError
     when it is missing or its summary.json is unreadable; notes a missing summary.json."""
     try:
         run = read_run_folder(path, metrics_dir)
@@ -78,7 +77,7 @@ def build_report(run_dir: str | Path, margin: float = straggler.DEFAULT_MARGIN,
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI. Exit 0 written, 2 bad input (nothing written), 3 no step metrics (a page says so)."""
-    ap = argparse.ArgumentParser(prog="python -m ddplab.report",
+    ap = argparse.ArgumentParser(prog="python -m ddplab.controller.report",
                                  description="Write report.html and plots/*.png for a collected run.")
     ap.add_argument("run_dir", help="the run folder, e.g. runs/<run_id> (runs/current works)")
     ap.add_argument("--margin", type=float, default=straggler.DEFAULT_MARGIN,

@@ -1,7 +1,7 @@
-"""``python -m ddplab.report runs/<run_id>``: see :mod:`ddplab.report`."""
+"""``python -m ddplab.controller.report runs/<run_id>``: see :mod:`ddplab.controller.report`."""
 
 import sys
 
-from ddplab.report import main
+from ddplab.controller.report import main
 
 sys.exit(main())

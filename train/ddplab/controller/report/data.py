@@ -1,7 +1,7 @@
-"""The report's figures, derived from a :class:`ddplab.rundir.RunFolder` (no files, no drawing).
+"""The report's figures, derived from a :class:`ddplab.controller.rundir.RunFolder` (no files, no drawing).
 
-Every function takes the run folder as :func:`ddplab.rundir.load_run` read it and returns plain
-series and rows; :mod:`ddplab.report.plots` draws them and :mod:`ddplab.report.html` lays them out.
+Every function takes the run folder as :func:`ddplab.controller.rundir.load_run` read it and
+returns plain series and rows; :mod:`.plots` draws them and :mod:`.html` lays them out.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ddplab import straggler
+from ddplab.controller import straggler
+from ddplab.controller.rundir import GroupStart, RunFolder, group_starts, world_size_at, world_size_timeline
 from ddplab.records import num
-from ddplab.rundir import GroupStart, RunFolder, group_starts, world_size_at, world_size_timeline
 
 RESTART_GAP_S = 20.0  # step records of one run of a step are closer than this
 Record = dict[str, Any]
@@ -64,7 +64,8 @@ Restart = GroupStart  # one (re)start of the group: time, resumed step, world si
 
 
 def restarts(run: RunFolder) -> list[Restart]:
-    """The group's (re)starts (:func:`ddplab.rundir.group_starts`: one per rank-0 ``start`` record)."""
+    """The group's (re)starts (:func:`ddplab.controller.rundir.group_starts`: one per rank-0
+    ``start`` record)."""
     return group_starts(run.records)
 
 
@@ -112,7 +113,8 @@ def _outcome(f: dict[str, Any]) -> str:
 
 
 def faults(run: RunFolder) -> list[Fault]:
-    """summary.json faults (as measured by ddplab.faults) when present, else events.jsonl ``kind: fault``."""
+    """summary.json faults (as measured by ddplab.controller.faults) when present, else the
+    events.jsonl records of ``kind: fault``."""
     src = run.summary.get("faults")
     if isinstance(src, list) and src:
         return [Fault(str(f.get("mode", "?")), str(f.get("node", "?")), f.get("rank"),
@@ -135,7 +137,8 @@ def step_at(run: RunFolder, t: float | None) -> int | None:
 
 def world_size_points(run: RunFolder) -> list[tuple[float, int]]:
     """(unix time, world size) at every rank-0 ``step`` record, in time order, the world size read
-    from the run's one :func:`ddplab.rundir.world_size_timeline` (what the world-size plot draws)."""
+    from the run's one :func:`ddplab.controller.rundir.world_size_timeline` (what the world-size
+    plot draws)."""
     timeline = world_size_timeline(run.records)
     times = sorted({t for r in run.by_event("step", rank=0) if (t := num(r.get("time"))) is not None})
     return [(t, ws) for t in times if (ws := world_size_at(timeline, t)) is not None]

@@ -1,4 +1,4 @@
-"""The report's page: figures of :mod:`ddplab.report.data` formatted and laid out by the jinja2
+"""The report's page: figures of :mod:`ddplab.controller.report.data` formatted and laid out by the jinja2
 template ``templates/report.html.j2`` (no scripts, no CDN, inline CSS: opens offline)."""
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ from typing import Any
 
 import jinja2
 
-from ddplab import straggler
-from ddplab.records import num
-from ddplab.report.data import (
+from ddplab.controller import straggler
+from ddplab.controller.report.data import (
     Fault,
     Restart,
     faults,
@@ -25,7 +24,8 @@ from ddplab.report.data import (
     val_points,
     ws_sequence,
 )
-from ddplab.rundir import RunFolder
+from ddplab.controller.rundir import RunFolder
+from ddplab.records import num
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 

@@ -1,4 +1,4 @@
-"""The report's plots (matplotlib, Agg backend): PNG files drawn from :mod:`ddplab.report.data`."""
+"""The report's plots (matplotlib, Agg backend): PNG files drawn from :mod:`ddplab.controller.report.data`."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddplab import straggler
-from ddplab.records import num
-from ddplab.report.data import (
+from ddplab.controller import straggler
+from ddplab.controller.report.data import (
     Fault,
     Restart,
     faults,
@@ -25,7 +24,8 @@ from ddplab.report.data import (
     val_points,
     world_size_points,
 )
-from ddplab.rundir import RunFolder
+from ddplab.controller.rundir import RunFolder
+from ddplab.records import num
 
 
 def pyplot():

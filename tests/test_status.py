@@ -1,0 +1,183 @@
+"""ddplab.status: the node-side state of the job (the line and JSON ddp_job_watch polls)."""
+
+import json
+import time
+
+import pytest
+from ddplab import status as st
+
+T0 = 1_800_000_000.0
+
+
+def rec(event, t, host, rank, ws, restart=0, **kw):
+    return {"event": event, "time": T0 + t, "host": host, "rank": rank, "local_rank": 0, "world_size": ws,
+            "restart_count": restart, **kw}
+
+
+@pytest.mark.parametrize(
+    ("unit", "records", "state"),
+    [
+        (
+            {"LoadState": "loaded", "ActiveState": "active", "SubState": "running", "Result": "success"},
+            [],
+            "running",
+        ),
+        (
+            {
+                "LoadState": "loaded",
+                "ActiveState": "active",
+                "SubState": "exited",
+                "Result": "success",
+                "ExecMainStatus": "0",
+            },
+            [],
+            "succeeded",
+        ),
+        (
+            {
+                "LoadState": "loaded",
+                "ActiveState": "failed",
+                "SubState": "failed",
+                "Result": "exit-code",
+                "ExecMainStatus": "1",
+            },
+            [],
+            "failed",
+        ),
+        ({"LoadState": "not-found", "ActiveState": "inactive"}, [], "absent"),
+        ({}, [{"event": "end"}], "succeeded"),
+        ({}, [], "running"),
+    ],
+)
+def test_job_state(unit, records, state):
+    assert st.job_state(unit, records) == state
+
+
+def test_progress_line(tmp_path):
+    now = time.time()
+    out = tmp_path / "run"
+    (out / "metrics").mkdir(parents=True)
+    recs = [
+        {
+            "event": "start",
+            "time": now - 20,
+            "rank": 1,
+            "world_size": 3,
+            "restart_count": 0,
+            "max_steps": 1500,
+        },
+        {
+            "event": "step",
+            "time": now - 10,
+            "rank": 1,
+            "world_size": 3,
+            "restart_count": 0,
+            "step": 110,
+            "loss": 2.5,
+            "tokens_per_s": 12345.0,
+        },
+        {
+            "event": "val",
+            "time": now - 5,
+            "rank": 1,
+            "world_size": 3,
+            "restart_count": 0,
+            "step": 120,
+            "val_loss": 2.41,
+            "train_loss": 2.3,
+        },
+        {
+            "event": "step",
+            "time": now - 1,
+            "rank": 1,
+            "world_size": 3,
+            "restart_count": 0,
+            "step": 120,
+            "loss": 2.314,
+            "tokens_per_s": 12345.0,
+        },
+    ]
+    # a long file: progress reads only its tail, the first (cut) line is skipped
+    filler = "".join(json.dumps({**recs[1], "time": now - 100, "step": i % 100}) + "\n" for i in range(5000))
+    (out / "metrics" / "laptop-a-local0.jsonl").write_text(
+        filler + "".join(json.dumps(r) + "\n" for r in recs)
+    )
+    p = st.progress(out, unit=None, host="laptop-a")
+    assert p["state"] == "running"
+    line = p["line"]
+    assert line.startswith("laptop-a")
+    for part in ("step   120/1500", "loss 2.314", "val 2.410", "ws 3", "rank 1", "12.3k tok/s", "restarts 0"):
+        assert part in line, (part, line)
+    empty = st.progress(tmp_path / "nothing", unit=None, host="laptop-b")
+    assert "no metrics yet" in empty["line"]
+
+
+def test_progress_shows_failure():
+    p = st.node_progress(
+        [
+            {
+                "event": "step",
+                "time": 1.0,
+                "rank": 0,
+                "world_size": 3,
+                "restart_count": 0,
+                "step": 5,
+                "loss": 3.0,
+            },
+            {
+                "event": "failure",
+                "time": 2.0,
+                "rank": 0,
+                "world_size": 3,
+                "restart_count": 0,
+                "step": 5,
+                "error": "RuntimeError: Connection closed by peer",
+            },
+        ]
+    )
+    assert p["failure"].startswith("RuntimeError")
+    assert "last failure: RuntimeError" in st.format_progress("laptop-c", p, "running")
+
+
+def test_progress_ignores_records_of_earlier_launches(tmp_path, monkeypatch):
+    now = time.time()
+    out = tmp_path / "run"
+    (out / "metrics").mkdir(parents=True)
+    old = {
+        "event": "failure",
+        "time": now - 300,
+        "rank": 0,
+        "world_size": 3,
+        "restart_count": 0,
+        "step": 584,
+        "error": "Terminated: stopped by SIGTERM",
+    }
+    (out / "metrics" / "n-local0.jsonl").write_text(json.dumps(old) + "\n")
+    started_mono_us = int((time.monotonic() - 5) * 1e6)  # the unit started 5 s ago
+    unit = {
+        "LoadState": "loaded",
+        "ActiveState": "active",
+        "SubState": "running",
+        "Result": "success",
+        "ExecMainStartTimestampMonotonic": str(started_mono_us),
+    }
+    monkeypatch.setattr(st, "unit_state", lambda name: unit)
+    assert st.unit_started_at(unit) == pytest.approx(now - 5, abs=1)
+    p = st.progress(out, unit="ddp-lab-agent", host="n")
+    assert "no metrics yet" in p["line"] and p["state"] == "running"
+
+
+def test_cli_prints_the_json_the_watch_reads(tmp_path, capsys):
+    out = tmp_path / "run"
+    (out / "metrics").mkdir(parents=True)
+    recs = [rec("start", 0, "h", 0, 2, max_steps=50, run_id="run-x"),
+            rec("step", 1, "h", 0, 2, step=3, loss=2.0),
+            rec("end", 2, "h", 0, 2, step=50)]
+    (out / "metrics" / "h-local0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert st.main(["--out-dir", str(out), "--unit", "", "--host", "h", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["state"] == "succeeded" and doc["host"] == "h"
+    p = doc["progress"]
+    assert (p["run_id"], p["step"], p["max_steps"], p["world_size"], p["rank"]) == ("run-x", 50, 50, 2, 0)
+    assert st.main(["--out-dir", str(tmp_path / "none"), "--unit", ""]) == 0
+    assert "no metrics yet" in capsys.readouterr().out

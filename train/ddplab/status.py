@@ -1,0 +1,191 @@
+"""The state of the training job on this node: ``python -m ddplab.status --out-dir DIR``.
+
+Runs on a node (node runtime: shipped in the wheel), read-only: the tail of the run's metrics
+files (``DIR/metrics/*.jsonl``, at most ``TAIL_BYTES`` of each) and ``systemctl show`` of the
+agent unit. Prints one progress line, e.g.
+``laptop-a  step  120/1500  loss 2.314  val 2.410  ws 3  rank 0  12.3k tok/s  restarts 0  [running]``,
+or with ``--json`` ``{host, state, unit, progress, line}``: ``state`` is ``running | succeeded |
+failed | absent`` (:func:`job_state`), ``progress`` the newest figures (:func:`node_progress`:
+run id, step/max_steps, losses, world size, rank, restarts, seconds since the newest record, the
+last failure). The ``ddp_job_watch`` action plugin polls it.
+
+Exit status: 0 (the state is in the output, also when there is no job); 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ddplab.records import Record, as_int, events_of, num, read_metrics_dir
+
+TAIL_BYTES = 256 * 1024  # read at most this much of the end of each metrics file
+
+
+def fmt(v: float | None, spec: str = ".3f", none: str = "-") -> str:
+    """``v`` formatted with ``spec``; ``none`` for None."""
+    return none if v is None else format(v, spec)
+
+
+def unit_state(unit: str) -> dict[str, str]:
+    """``systemctl show`` of a unit: LoadState, ActiveState, SubState, Result, ExecMainStatus,
+    InvocationID ({} when systemctl is not available)."""
+    props = (
+        "LoadState,ActiveState,SubState,Result,ExecMainStatus,ExecMainCode,InvocationID,"
+        "ExecMainStartTimestampMonotonic"
+    )
+    try:
+        out = subprocess.run(
+            ["systemctl", "show", unit, "-p", props], capture_output=True, text=True, timeout=20, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def job_state(unit: Mapping[str, str], records: Sequence[Record]) -> str:
+    """``running`` | ``succeeded`` | ``failed`` | ``absent`` for one node's agent.
+
+    The unit is started with RemainAfterExit=yes, so a finished agent stays ``active/exited`` with
+    its Result. Without unit information (no systemd) the records decide: an ``end`` record ->
+    succeeded, else running.
+    """
+    if not unit:
+        return "succeeded" if events_of(records, "end") else "running"
+    if unit.get("LoadState") == "not-found":
+        return "absent"
+    active, sub, result = unit.get("ActiveState"), unit.get("SubState"), unit.get("Result")
+    if active == "failed" or (result not in (None, "", "success")):
+        return "failed"
+    if active == "active" and sub == "exited":
+        return "succeeded" if unit.get("ExecMainStatus", "0") == "0" else "failed"
+    if active in ("active", "activating", "reloading", "deactivating"):
+        return "running"
+    return "succeeded" if events_of(records, "end") else "absent"
+
+
+def node_progress(records: Sequence[Record]) -> dict[str, Any]:
+    """The newest figures of one node from its records (any order).
+
+    Returns ``{step, run_id, max_steps, loss, val_loss, world_size, tokens_per_s, restart_count, rank,
+    age_s, finished, failure, stop_cause}`` (None where unknown); ``age_s``: seconds since the newest
+    record; ``stop_cause``: the ``cause`` of a newest ``failure`` record (divergence, signal, ...).
+    """
+    recs = sorted(records, key=lambda r: num(r.get("time")) or 0.0)
+    steps = events_of(recs, "step")
+    last = steps[-1] if steps else {}
+    starts = events_of(recs, "start")
+    vals = events_of(recs, "val")
+    fails = events_of(recs, "failure")
+    newest = recs[-1] if recs else {}
+    failure = stop_cause = None
+    if fails and num(fails[-1].get("time")) == num(newest.get("time")):
+        stop_cause = fails[-1].get("cause")  # divergence | signal | output | error (train.py)
+        failure = (f"{stop_cause}: " if stop_cause else "") + str(fails[-1].get("error"))
+    tnew = num(newest.get("time"))
+    return {
+        "step": next(
+            (
+                as_int(r.get("step"))
+                for r in reversed(recs)
+                if r.get("event") in ("step", "val", "checkpoint", "end", "failure")
+                and as_int(r.get("step")) is not None
+            ),
+            None,
+        ),
+        "run_id": next((str(r["run_id"]) for r in reversed(starts) if r.get("run_id")), None),
+        "max_steps": as_int(starts[-1].get("max_steps")) if starts else None,
+        "loss": num(last.get("loss")),
+        "val_loss": num(vals[-1].get("val_loss")) if vals else None,
+        "world_size": as_int(newest.get("world_size")),
+        "tokens_per_s": num(last.get("tokens_per_s")),
+        "restart_count": as_int(newest.get("restart_count")),
+        "rank": as_int(newest.get("rank")),
+        "age_s": round(time.time() - tnew, 1) if tnew is not None else None,
+        "finished": bool(events_of(recs, "end")),
+        "failure": failure,
+        "stop_cause": stop_cause,
+    }
+
+
+def format_progress(host: str, p: Mapping[str, Any], state: str | None = None) -> str:
+    """One progress line, e.g.
+    ``laptop-a  step  120/1500  loss 2.314  val 2.410  ws 3  rank 0  12.3k tok/s  restarts 0  running``.
+    """
+
+    def tok(v: float | None) -> str:
+        if v is None:
+            return "- tok/s"
+        return f"{v / 1000:.1f}k tok/s" if v >= 1000 else f"{v:.0f} tok/s"
+
+    if p.get("step") is None:
+        body = "no metrics yet (starting: rendezvous, data, model)"
+    else:
+
+        def val(key: str) -> Any:
+            return "-" if p.get(key) is None else p[key]
+
+        total = "?" if p.get("max_steps") is None else p["max_steps"]
+        body = (
+            f"step {p['step']:>5}/{total}  loss {fmt(p.get('loss'))}  val {fmt(p.get('val_loss'))}"
+            f"  ws {val('world_size')}  rank {val('rank')}  {tok(p.get('tokens_per_s'))}"
+            f"  restarts {val('restart_count')}"
+        )
+        if p.get("age_s") is not None and p["age_s"] > 30 and not p.get("finished"):
+            body += f"  (last record {p['age_s']:.0f} s ago)"
+        if p.get("failure"):
+            body += f"  last failure: {p['failure'][:120]}"
+    return f"{host:<12} {body}" + (f"  [{state}]" if state else "")
+
+
+def unit_started_at(unit: Mapping[str, str]) -> float | None:
+    """Unix time the unit's main process started (from ExecMainStartTimestampMonotonic, which is
+    CLOCK_MONOTONIC in microseconds, like time.monotonic()); None when unknown."""
+    try:
+        mono_us = int(unit.get("ExecMainStartTimestampMonotonic", "0"))
+    except ValueError:
+        return None
+    if mono_us <= 0:
+        return None
+    return time.time() - (time.monotonic() - mono_us / 1e6)
+
+
+def progress(out_dir: Path, unit: str | None, host: str | None = None) -> dict[str, Any]:
+    """The progress of this node: ``{host, state, unit, progress, line}`` (see :func:`job_state`).
+
+    Only records written since the unit's current start count (a resumed run's folder holds the
+    records of earlier launches too).
+    """
+    host = host or socket.gethostname()
+    records, _skipped = read_metrics_dir(out_dir / "metrics", tail_bytes=TAIL_BYTES)
+    u = unit_state(unit) if unit else {}
+    since = unit_started_at(u)
+    if since is not None:
+        records = [r for r in records if (num(r.get("time")) or 0.0) >= since - 1.0]
+    state = job_state(u, records)
+    p = node_progress(records)
+    return {"host": host, "state": state, "unit": u, "progress": p, "line": format_progress(host, p, state)}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI (see the module docstring)."""
+    ap = argparse.ArgumentParser(prog="python -m ddplab.status", description=__doc__.split("\n")[0])
+    ap.add_argument("--out-dir", type=Path, required=True, help="the run's folder on this node")
+    ap.add_argument("--unit", default="ddp-lab-agent", help="the agent's systemd unit ('' = none)")
+    ap.add_argument("--host", default=None, help="name to show (default: hostname)")
+    ap.add_argument("--json", action="store_true", help="print {host, state, unit, progress, line}")
+    a = ap.parse_args(argv)
+    out = progress(a.out_dir, a.unit or None, a.host)
+    print(json.dumps(out) if a.json else out["line"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
