@@ -100,3 +100,15 @@ def read_metrics(out_dir: Path, local_rank: int = 0) -> list[dict]:
 def snapshot(folder: Path) -> dict[str, bytes]:
     """File name -> bytes of every file in ``folder`` (to prove nothing was overwritten)."""
     return {p.name: p.read_bytes() for p in sorted(Path(folder).iterdir()) if p.is_file()}
+
+
+def wait_for_steps(proc: subprocess.Popen, out_dir: Path, steps: int, timeout: float = 120) -> None:
+    """Wait until rank 0's metrics hold ``steps`` step records (or the process ended)."""
+    import time
+
+    metrics = Path(out_dir) / "metrics" / f"{os.uname().nodename}-local0.jsonl"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and metrics.read_text().count('"event":"step"') >= steps:
+            return
+        time.sleep(0.05)

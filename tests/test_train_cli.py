@@ -7,12 +7,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, read_metrics, snapshot, subprocess_env, tiny_args
+from conftest import REPO, read_metrics, snapshot, subprocess_env, tiny_args, wait_for_steps
 from ddplab import train as train_mod
 from ddplab.checkpoint import CheckpointStore
 from ddplab.metrics import EVENTS
@@ -108,13 +107,8 @@ def test_sigterm_saves_last_completed_step(tmp_path, data_path):
                      ckpt_interval=100000)
     proc = subprocess.Popen([sys.executable, "-m", "ddplab.train", *args], env=subprocess_env(),
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    metrics = out / "metrics" / f"{os.uname().nodename}-local0.jsonl"
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            if metrics.exists() and metrics.read_text().count('"event":"step"') >= 15:
-                break
-            time.sleep(0.05)
+        wait_for_steps(proc, out, 15)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     finally:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, TRAIN_DIR, read_metrics, snapshot, subprocess_env, tiny_args
+from conftest import REPO, TRAIN_DIR, read_metrics, snapshot, subprocess_env, tiny_args, wait_for_steps
 from ddplab import train as train_mod
 from ddplab.checkpoint import CheckpointStore, serialize
 from ddplab.model import GPT
@@ -292,13 +292,8 @@ def test_repeated_sigterm_during_the_emergency_path_loses_no_record(tmp_path, da
     args = tiny_args(out, data_path, max_steps=100000, eval_interval=100000, ckpt_interval=100000)
     proc = subprocess.Popen([sys.executable, "-c", SLOW_DISK, str(TRAIN_DIR), *args], env=subprocess_env(),
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    metrics = out / "metrics" / f"{os.uname().nodename}-local0.jsonl"
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            if metrics.exists() and metrics.read_text().count('"event":"step"') >= 10:
-                break
-            time.sleep(0.05)
+        wait_for_steps(proc, out, 10)
         end = time.monotonic() + 5
         while proc.poll() is None and time.monotonic() < end:  # SIGTERM every 5 ms until it exits
             proc.send_signal(signal.SIGTERM)
