@@ -167,7 +167,8 @@ def cat_config(root: Path) -> str:
 
 
 def test_logind_settings_take_the_last_file_that_sets_a_key():
-    text = ("# /etc/systemd/logind.conf\n[Login]\n#HandleLidSwitch=suspend\nKillUserProcesses=no\n\n"
+    text = ("# /etc/systemd/logind.conf\n# or drop-ins in the\n# /etc/systemd/logind.conf.d/ directory.\n"
+            "[Login]\n#HandleLidSwitch=suspend\nKillUserProcesses=no\n\n"
             "# /etc/systemd/logind.conf.d/zz-ddp-lab-power.conf\n[Login]\nHandleLidSwitch=ignore\n\n"
             "# /usr/lib/systemd/logind.conf.d/zzz-oem.conf\n[Login]\nHandleLidSwitch = suspend\n")
     merged = power.logind_settings(text)

@@ -112,13 +112,14 @@ IP_ADDR_SHOW = (
     "3: h3xa    inet 192.168.1.23/24 scope global h3xa\\       valid_lft forever preferred_lft forever\n"
     "3: h3xa    inet 192.168.50.11/24 scope global h3xa:1\\       valid_lft forever preferred_lft forever\n"
     "3: h3xa    inet6 fd00::1/64 scope global nodad \\       valid_lft forever preferred_lft forever\n"
+    "3: h3xa    inet6 fe80::9899:b6ff:fe2f:a883/64 scope link \\       valid_lft forever\n"
 )
 ROUTE = val.route_info("192.168.50.1 dev h3xa src 192.168.50.11 uid 0 \\    cache ")
 
 
 def test_gloo_ifname_address_is_the_first_address_under_that_exact_name():
     addrs = val.interface_addresses(IP_ADDR_SHOW)
-    assert [a["label"] for a in addrs] == ["h3xa", "h3xa:1", "h3xa"]
+    assert [a["label"] for a in addrs] == ["h3xa", "h3xa:1", "h3xa", "h3xa"]
     assert val.gloo_ifname_address(addrs, "h3xa") == "192.168.1.23"
     only_labelled = [a for a in addrs if a["address"] != "192.168.1.23"]
     assert val.gloo_ifname_address(only_labelled, "h3xa") == "fd00::1"  # the "10 vs 2" case

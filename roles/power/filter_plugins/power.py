@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
+# cat-config's line before each file: "# " and the file's path (a comment never is just a path)
+_FILE_LINE = re.compile(r"^# (/\S+\.conf)$")
+
 
 def logind_settings(cat_config: str, section: str = "Login") -> dict[str, dict[str, str]]:
     """The merged logind settings from ``systemd-analyze cat-config systemd/logind.conf``.
@@ -18,8 +23,9 @@ def logind_settings(cat_config: str, section: str = "Login") -> dict[str, dict[s
     path, current = "", None
     for raw in (cat_config or "").splitlines():
         line = raw.strip()
-        if line.startswith("# /"):
-            path, current = line[2:].strip(), None
+        header = _FILE_LINE.match(line)
+        if header:
+            path, current = header.group(1), None
         elif not line or line[0] in "#;":
             continue
         elif line.startswith("[") and line.endswith("]"):

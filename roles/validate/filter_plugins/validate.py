@@ -285,8 +285,8 @@ def gloo_address(route: dict, unit_show: str, addr_show: str, host: str) -> dict
         return {"check": "gloo", "status": "skip",
                 "detail": "no route to the rendezvous host: see the route row"}
     addresses = interface_addresses(addr_show)
-    others = [a["address"] + ("" if a["label"] == dev else f" ({a['label']})")
-              for a in addresses if a["address"] != src]
+    others = [a["address"] + ("" if a["label"] == dev else f" ({a['label']})") for a in addresses
+              if a["address"] != src and not ipaddress.ip_address(a["address"]).is_link_local]
     also = f"; {dev} also holds {', '.join(others)}" if others else ""
     props = _show_props(unit_show)
     env = _unit_environment(props)
