@@ -16,20 +16,18 @@ from the same hash, so every window is seen once per epoch and epochs see differ
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import os
 import tempfile
 import urllib.error
 import urllib.request
 from collections import OrderedDict
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from filelock import FileLock
 
 from ddplab.outputs import OutputError, check_writable_dir
 
@@ -51,15 +49,10 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-@contextlib.contextmanager
-def file_lock(path: str | Path) -> Iterator[None]:
-    """Exclusive advisory lock (``flock``) on ``path`` for the processes of one node."""
-    with open(path, "a+b") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+def file_lock(path: str | Path) -> FileLock:
+    """Exclusive advisory lock on ``path`` for the processes of one node (``filelock``: flock(2)
+    on Linux; the lock file stays). Use as a context manager; it blocks until the lock is free."""
+    return FileLock(str(path))
 
 
 def _fsync_dir(path: Path) -> None:
