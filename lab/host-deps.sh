@@ -2,10 +2,10 @@
 # Install the host packages the built-in lab needs, only those missing: podman (containers), runc
 # (a runtime that works where crun does not), debootstrap (the offline base image), iptables and
 # iproute2 (podman networking, fault injection), python3 + python3-venv (lab/lab.py, the controller
-# venv). Idempotent: prints "nothing to install" when everything is there. Debian/Ubuntu (apt), root.
+# venv), openssh-client (Ansible reaches the lab nodes over SSH; ssh-keygen makes the lab's key). Idempotent: prints "nothing to install" when everything is there. Debian/Ubuntu (apt), root.
 set -euo pipefail
 
-packages=(podman runc debootstrap iptables iproute2 python3 python3-venv)
+packages=(podman runc debootstrap iptables iproute2 python3 python3-venv openssh-client)
 
 missing=()
 for pkg in "${packages[@]}"; do

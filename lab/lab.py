@@ -6,10 +6,16 @@ Subcommands (``lab/lab.py --help``):
 - ``image``  build ``localhost/ddp-lab-node:bookworm`` offline: debootstrap (cached tarball) ->
   ``podman import`` -> ``podman build`` from ``lab/image/Containerfile``. Skipped when the image
   carries the hash of the current recipe in its ``ddp-lab.recipe`` label.
-- ``up``     network ``ddp-lab`` + containers ``laptop-a/b/c`` (systemd as PID 1), waits for systemd,
-  checks that a server on the network gateway (the controller) is reachable from a node, and writes
-  ``inventory/lab/hosts.yml``. A second run changes nothing.
-- ``down``   removes the containers, the network and the generated inventory.
+- ``up``     network ``ddp-lab`` + containers ``laptop-a/b/c`` (systemd as PID 1) at fixed addresses
+  (.11-.13 of the network), waits for systemd, checks that a server on the network gateway (the
+  controller) is reachable from a node, gives every node SSH access as a laptop has it (see
+  ``access``) and writes ``inventory/lab/hosts.yml``. A second run changes nothing.
+- ``access`` the SSH path for given containers (the molecule scenarios' prepare step uses it): a key
+  pair of the project in the state folder, the sudo account ``labadmin`` on every node with that
+  key authorised and passwordless sudo (a sudoers drop-in: the lab only), and a known_hosts file
+  with each node's host keys read from inside the container (trusted; no TOFU scan over the
+  network). Ansible connects as that account over SSH, host-key checking on.
+- ``down``   removes the containers, the network, the generated inventory and the lab's SSH state.
 - ``status`` one line per node.
 - ``detect`` container-runtime detection alone (see below); prints the containers.conf path.
 
@@ -29,6 +35,7 @@ import contextlib
 import functools
 import hashlib
 import http.server
+import ipaddress
 import json
 import os
 import re
@@ -68,6 +75,18 @@ RECIPE_LABEL = "ddp-lab.recipe"
 RLIMIT_CEILING = {"nofile": 1048576, "nproc": 4194304}
 RLIMIT_FLOOR = 1024
 SYSTEMD_READY_TIMEOUT_S = 120
+# The lab's laptops get fixed addresses on the lab network (host numbers 11, 12, 13), as laptops
+# with DHCP reservations: an address survives a power-off (roles/fault) and the inventory keeps it.
+FIRST_HOST_NUMBER = 11
+
+# The SSH path (see ``access``): the unprivileged account Ansible connects as, the lab's key pair
+# and known_hosts (lab/.state/ssh/; the molecule scenarios use a folder of their own).
+ADMIN_USER = "labadmin"
+SUDOERS_DROPIN = f"/etc/sudoers.d/ddp-lab-{ADMIN_USER}"
+LAB_SSH_DIR = STATE_DIR / "ssh"
+KEY_NAME = "id_ed25519"
+KNOWN_HOSTS_NAME = "known_hosts"
+SSH_READY_TIMEOUT_S = 60
 
 
 class LabError(Exception):
@@ -492,20 +511,201 @@ def check_gateway_reachable(gateway: str, node: str) -> None:
         )
 
 
-def render_inventory(gateway: str) -> str:
+# --------------------------------------------------------------------------- SSH path
+
+
+def node_addresses() -> dict[str, str]:
+    """The lab's fixed node addresses: host numbers 11, 12, ... of the lab network's IPv4 subnet."""
+    info = json.loads(out(podman("network", "inspect", NETWORK)))[0]
+    for subnet in info.get("subnets") or []:
+        net = ipaddress.ip_network(subnet.get("subnet", "::/128"), strict=False)
+        if net.version == 4 and net.num_addresses > FIRST_HOST_NUMBER + len(NODES) + 1:
+            return {name: str(net[FIRST_HOST_NUMBER + i]) for i, name in enumerate(NODES)}
+    raise LabError(
+        f"podman network {NETWORK} has no IPv4 subnet with room for the nodes: `make lab-down lab-up`"
+    )
+
+
+def container_address(name: str) -> str:
+    """The IPv4 address of running container ``name`` on its (single) network."""
+    state = container_state(name)
+    if state is None or not state["State"].get("Running"):
+        raise LabError(f"container {name} is not running")
+    for net in (state.get("NetworkSettings", {}).get("Networks") or {}).values():
+        if net.get("IPAddress"):
+            return net["IPAddress"]
+    raise LabError(f"container {name} has no IPv4 address")
+
+
+def ensure_keypair(state_dir: Path) -> tuple[Path, list[str]]:
+    """The project's SSH key pair in ``state_dir`` (ed25519, no passphrase: a lab key, never in the
+    image), made when missing; the private key is kept at mode 0600, the folder at 0700."""
+    key = state_dir / KEY_NAME
+    pub = key.with_name(KEY_NAME + ".pub")
+    state_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(state_dir, 0o700)
+    if key.is_file() and pub.is_file():
+        os.chmod(key, 0o600)
+        return key, []
+    if shutil.which("ssh-keygen") is None:
+        raise LabError("ssh-keygen is not installed: run `make deps` (or lab/host-deps.sh as root)")
+    for stale in (key, pub):
+        stale.unlink(missing_ok=True)
+    proc = subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"ddp-lab {state_dir.name}", "-f", str(key)],
+        capture_output=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise LabError(f"ssh-keygen failed: {proc.stderr.decode(errors='replace').strip()}")
+    os.chmod(key, 0o600)
+    return key, [f"key pair {rel(key)} made"]
+
+
+# Writes stdin to a file in a node, atomically, with owner and mode; $4, when set, is a command that
+# must accept the new file first (visudo -cf). Run with `podman exec -i NODE sh -c SCRIPT sh ARGS`.
+_PUT_FILE = """set -eu
+path=$1 owner=$2 mode=$3 check=${4:-}
+dir=$(dirname "$path")
+tmp=$(mktemp "$dir/.ddp-lab.XXXXXX")
+trap 'rm -f "$tmp"' EXIT
+cat > "$tmp"
+chown "$owner" "$tmp"
+chmod "$mode" "$tmp"
+if [ -n "$check" ]; then $check "$tmp" >/dev/null; fi
+mv "$tmp" "$path"
+trap - EXIT
+"""
+
+
+def put_node_file(name: str, path: str, text: str, owner: str, mode: str, check: str = "") -> bool:
+    """Make ``path`` in container ``name`` hold ``text`` with ``owner`` (user:group) and octal
+    ``mode``; False when it already does. The parent folder must exist."""
+    have = podman("exec", name, "stat", "-c", "%U:%G %a", path, check=False)
+    if out(have) == f"{owner} {mode.lstrip('0')}":
+        current = podman("exec", name, "cat", path, check=False)
+        if current.returncode == 0 and current.stdout.decode(errors="replace") == text:
+            return False
+    proc = subprocess.run(
+        ["podman", "exec", "-i", name, "sh", "-c", _PUT_FILE, "sh", path, owner, mode, check],
+        input=text.encode(),
+        env=podman_env(),
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise LabError(f"{name}: cannot write {path}: {proc.stderr.decode(errors='replace').strip()}")
+    return True
+
+
+def ensure_admin_account(name: str, public_key: str) -> list[str]:
+    """The sudo account Ansible connects as, on node ``name``: created when missing (member of
+    `sudo`, as Ubuntu's first user), passwordless sudo by a sudoers drop-in (lab only; laptops keep
+    their password and `-K`), ``public_key`` its only authorised key."""
+    changed = []
+    home = f"/home/{ADMIN_USER}"
+    if podman("exec", name, "id", "-u", ADMIN_USER, check=False).returncode != 0:
+        podman("exec", name, "useradd", "--create-home", "--shell", "/bin/bash", "-G", "sudo", ADMIN_USER)
+        changed.append(f"{name}: account {ADMIN_USER} created")
+    rule = f"{ADMIN_USER} ALL=(ALL:ALL) NOPASSWD: ALL\n"
+    if put_node_file(name, SUDOERS_DROPIN, rule, "root:root", "0440", "visudo -cqf"):
+        changed.append(f"{name}: {SUDOERS_DROPIN} written")
+    # Lingering keeps the account's systemd user manager (user@UID.service, started by pam_systemd
+    # at the first SSH login) running between logins. Else it is stopped after the last session
+    # closes, and on a cgroup-v1 host systemd in the container is never told that its cgroup
+    # emptied: the stop never ends and every later login waits for it (ssh hangs in session setup).
+    if podman("exec", name, "test", "-e", f"/var/lib/systemd/linger/{ADMIN_USER}", check=False).returncode:
+        podman("exec", name, "loginctl", "enable-linger", ADMIN_USER)
+        changed.append(f"{name}: {ADMIN_USER}'s user manager lingers")
+    podman("exec", name, "install", "-d", "-o", ADMIN_USER, "-g", ADMIN_USER, "-m", "0700", f"{home}/.ssh")
+    if put_node_file(name, f"{home}/.ssh/authorized_keys", public_key, f"{ADMIN_USER}:{ADMIN_USER}", "0600"):
+        changed.append(f"{name}: the lab key authorised for {ADMIN_USER}")
+    return changed
+
+
+def read_host_keys(name: str) -> list[str]:
+    """Node ``name``'s SSH host public keys as known_hosts lines under its name, read from inside
+    the container (made at its first boot by ssh-keygen -A: waits for them)."""
+    deadline = time.monotonic() + SSH_READY_TIMEOUT_S
+    while True:
+        proc = podman("exec", name, "sh", "-c", "cat /etc/ssh/ssh_host_*_key.pub", check=False)
+        keys = [line.split()[:2] for line in out(proc).splitlines() if len(line.split()) >= 2]
+        if proc.returncode == 0 and keys:
+            return [f"{name} {kind} {blob}" for kind, blob in sorted(keys)]
+        if time.monotonic() > deadline:
+            raise LabError(f"{name} has no SSH host keys after {SSH_READY_TIMEOUT_S} s: is ssh.service up?")
+        time.sleep(1)
+
+
+def check_ssh(name: str, address: str, key: Path, known_hosts: Path) -> None:
+    """Log in to ``name`` as Ansible will (key, strict host-key checking) and run ``sudo -n true``;
+    retried while sshd starts."""
+    argv = [
+        "ssh", "-F", "none", "-i", str(key), "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+        "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_hosts}",
+        "-o", f"HostKeyAlias={name}", "-o", "ConnectTimeout=5", f"{ADMIN_USER}@{address}",
+        "sudo", "-n", "true",
+    ]  # fmt: skip
+    deadline = time.monotonic() + SSH_READY_TIMEOUT_S
+    while True:
+        proc = subprocess.run(argv, capture_output=True, timeout=60, check=False)
+        if proc.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            err = proc.stderr.decode(errors="replace").strip()
+            raise LabError(f"ssh {ADMIN_USER}@{address} ({name}) with sudo fails: {err}")
+        time.sleep(1)
+
+
+def ensure_ssh_access(state_dir: Path, addresses: dict[str, str]) -> list[str]:
+    """The SSH path to the containers of ``addresses`` ({container: address}): key pair in
+    ``state_dir``, sudo account on each node, ``state_dir``/known_hosts with their host keys; then
+    checks a login with sudo on each. Returns what it changed."""
+    key, changed = ensure_keypair(state_dir)
+    public_key = key.with_name(KEY_NAME + ".pub").read_text()
+    lines: list[str] = []
+    for name in addresses:
+        changed += ensure_admin_account(name, public_key)
+        lines += read_host_keys(name)
+    known_hosts = state_dir / KNOWN_HOSTS_NAME
+    if atomic_write(known_hosts, "\n".join(lines) + "\n"):
+        changed.append(f"{rel(known_hosts)} written")
+    for name, address in addresses.items():
+        check_ssh(name, address, key, known_hosts)
+    return changed
+
+
+def ssh_common_args(known_hosts: Path) -> str:
+    """ssh options of the lab's inventories: the lab's known_hosts (checked strictly, as
+    ansible.cfg's host_key_checking asks) under the node's name, so that a node's entry does not
+    depend on its address."""
+    return f"-o UserKnownHostsFile={known_hosts} -o HostKeyAlias={{{{ inventory_hostname }}}}"
+
+
+def render_inventory(gateway: str, addresses: dict[str, str]) -> str:
     venv_python = Path(os.environ.get("DDP_LAB_CONTROLLER_PYTHON", REPO / ".venv" / "bin" / "python"))
-    hosts = "\n".join(f"        {n}:" for n in NODES)
+    hosts = "\n".join(
+        f"        {n}:\n          ansible_host: {addresses[n]}\n          lab_container: {n}" for n in NODES
+    )
+    key, known_hosts = LAB_SSH_DIR / KEY_NAME, LAB_SSH_DIR / KNOWN_HOSTS_NAME
     return f"""---
 # Written by `make lab-up` (lab/lab.py); `make lab-down` removes it. Do not edit: edit lab/lab.py.
 # The three lab laptops are podman containers on the network {NETWORK}; the controller (this
-# machine) hosts the rendezvous store on that network's gateway address.
+# machine) hosts the rendezvous store on that network's gateway address. Ansible reaches them as
+# a laptop is reached: SSH as the sudo account {ADMIN_USER}, the project's key, host keys from
+# {rel(known_hosts)} (read from inside each container). lab_container: the podman container
+# of the node, for what the lab does from outside (roles/fault: power off, start).
 all:
   children:
     trainers:
       hosts:
 {hosts}
       vars:
-        ansible_connection: containers.podman.podman
+        ansible_connection: ssh
+        ansible_user: {ADMIN_USER}
+        ansible_ssh_private_key_file: {json.dumps(str(key))}
+        ansible_ssh_common_args: {json.dumps(ssh_common_args(known_hosts))}
         ansible_python_interpreter: /usr/bin/python3
     rendezvous:
       hosts:
@@ -524,6 +724,7 @@ def cmd_up(_args: argparse.Namespace | None = None) -> None:
         podman("network", "create", "--label", f"{LABEL}=1", NETWORK)
         changed.append(f"network {NETWORK} created")
     image_id = out(podman("image", "inspect", "--format", "{{.Id}}", NODE_IMAGE))
+    addresses = node_addresses()
     for name in NODES:
         state = container_state(name)
         if state is None:
@@ -536,6 +737,8 @@ def cmd_up(_args: argparse.Namespace | None = None) -> None:
                 name,
                 "--network",
                 NETWORK,
+                "--ip",
+                addresses[name],
                 "--systemd=always",
                 "--cap-add",
                 "NET_ADMIN,NET_RAW",
@@ -560,13 +763,21 @@ def cmd_up(_args: argparse.Namespace | None = None) -> None:
     states = {name: wait_for_systemd(name) for name in NODES}
     gateway = network_gateway()
     check_gateway_reachable(gateway, NODES[0])
-    if atomic_write(INVENTORY_FILE, render_inventory(gateway)):
+    for name in NODES:
+        have = container_address(name)
+        if have != addresses[name]:
+            raise LabError(
+                f"{name} has the address {have}, not the lab's {addresses[name]} (made by an older "
+                "lab/lab.py?): `make lab-down lab-up` recreates it"
+            )
+    changed += ensure_ssh_access(LAB_SSH_DIR, addresses)
+    if atomic_write(INVENTORY_FILE, render_inventory(gateway, addresses)):
         changed.append(f"{rel(INVENTORY_FILE)} written")
-    summary = ", ".join(f"{n} ({s})" for n, s in states.items())
+    summary = ", ".join(f"{n} {addresses[n]} ({s})" for n, s in states.items())
     log(f"{'; '.join(changed) if changed else 'nothing changed'}")
     log(
-        f"lab is up in {time.monotonic() - t0:.0f} s: {summary}; rendezvous_address {gateway} "
-        f"(reachable from {NODES[0]}); inventory {rel(INVENTORY_FILE)}"
+        f"lab is up in {time.monotonic() - t0:.0f} s: {summary}; SSH as {ADMIN_USER} works; "
+        f"rendezvous_address {gateway} (reachable from {NODES[0]}); inventory {rel(INVENTORY_FILE)}"
     )
 
 
@@ -587,7 +798,22 @@ def cmd_down(_args: argparse.Namespace | None = None) -> None:
     if INVENTORY_FILE.exists():
         INVENTORY_FILE.unlink()
         changed.append(f"{rel(INVENTORY_FILE)} removed")
+    if LAB_SSH_DIR.exists():
+        shutil.rmtree(LAB_SSH_DIR)
+        changed.append(f"{rel(LAB_SSH_DIR)} (key pair, known_hosts) removed")
     log(("; ".join(changed) if changed else "nothing to remove") + "; the lab is down")
+
+
+def cmd_access(args: argparse.Namespace) -> None:
+    state_dir = Path(args.state_dir).resolve()
+    addresses = {name: container_address(name) for name in args.containers}
+    for name in args.containers:
+        wait_for_systemd(name)
+    changed = ensure_ssh_access(state_dir, addresses)
+    log(
+        f"{'; '.join(changed) if changed else 'nothing changed'}; SSH as {ADMIN_USER} works on "
+        + ", ".join(f"{n} ({a})" for n, a in addresses.items())
+    )
 
 
 def cmd_status(_args: argparse.Namespace | None = None) -> None:
@@ -624,11 +850,17 @@ def main(argv: list[str] | None = None) -> int:
     for name, func, help_ in (
         ("image", cmd_image, "build the node image (cached by recipe hash)"),
         ("up", cmd_up, "start the three lab laptops and write inventory/lab/hosts.yml"),
-        ("down", cmd_down, "remove the lab containers, network and generated inventory"),
+        ("access", cmd_access, "SSH access for given containers: key pair, sudo account, known_hosts"),
+        ("down", cmd_down, "remove the lab containers, network, generated inventory and SSH state"),
         ("status", cmd_status, "show image, network and node states"),
         ("detect", cmd_detect, "container-runtime detection; prints the containers.conf path"),
     ):
         sub.add_parser(name, help=help_).set_defaults(func=func)
+    access = sub.choices["access"]
+    access.add_argument(
+        "--state-dir", required=True, help="folder of the key pair and known_hosts (created, mode 0700)"
+    )
+    access.add_argument("containers", nargs="+", metavar="CONTAINER", help="running node containers")
     args = parser.parse_args(argv)
     try:
         args.func(args)

@@ -5,7 +5,8 @@ and the failure lines, and prove that nothing on the nodes changed.
 Where the node tests run, first match wins:
 
 1. ``DDP_LAB_TEST_INVENTORY``: an inventory folder or file of your own podman containers (trainers
-   reached with the ``containers.podman.podman`` connection, one host in ``rendezvous``); ``none``
+   reached over SSH or the ``containers.podman.podman`` connection, each one's container named by
+   its ``lab_container`` host variable or else its host name; one host in ``rendezvous``); ``none``
    turns the node cases off (as in CI's ``make test-unit``, where no node is up).
 2. ``MOLECULE_INVENTORY_FILE`` (set by ``molecule verify``): the scenario's containers. This is how
    CI runs the matrices: the ``default`` scenario lists both files in its verifier's
@@ -111,7 +112,9 @@ def lab_or_skip() -> Lab:
     data = json.loads(listing.stdout)
     trainers = data.get("trainers", {}).get("hosts", [])
     hostvars = data.get("_meta", {}).get("hostvars", {})
-    containers = {h: hostvars.get(h, {}).get("ansible_host", h) for h in trainers}
+    # The lab's inventories connect over SSH (ansible_host is an address) and name each node's
+    # container in lab_container; the molecule scenarios name the containers after the hosts.
+    containers = {h: hostvars.get(h, {}).get("lab_container", h) for h in trainers}
     for host, name in containers.items():
         running = subprocess.run(
             ["podman", "container", "inspect", "--format", "{{.State.Running}}", name],

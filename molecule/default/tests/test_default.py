@@ -57,15 +57,69 @@ def test_logind_dropin_and_masked_targets(host):
         assert host.run("systemctl is-enabled %s", target).stdout.strip() == "masked", target
 
 
-def test_networkmanager_dropin_where_nm_exists(host):
+def _nm_effective(host, section: str, key: str) -> str | None:
+    """``key`` of ``section`` in NetworkManager's merged configuration (``--print-config`` reads
+    every drop-in folder as the daemon does; it needs no running daemon)."""
+    current = None
+    for line in host.check_output("NetworkManager --print-config").splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            current = line.strip("[]")
+        elif current == section and "=" in line and not line.startswith("#"):
+            name, value = (part.strip() for part in line.split("=", 1))
+            if name == key:
+                return value
+    return None
+
+
+def test_networkmanager_effective_powersave(host):
+    """The lab image carries Ubuntu's default-wifi-powersave-on.conf (wifi.powersave = 3): the
+    setting NetworkManager ends up with must still be the role's 2 (disable)."""
     dropin = host.file(DEFAULTS["wifi_powersave"]["wifi_powersave_nm_dropin"])
-    if host.file("/usr/sbin/NetworkManager").exists:
-        assert dropin.is_file
-        assert "wifi.powersave = 2" in dropin.content_string
-    else:
-        # Without NetworkManager the role must not invent its configuration folder.
-        assert not dropin.exists
-        assert not host.file("/etc/NetworkManager").exists
+    assert host.file("/usr/sbin/NetworkManager").exists, "the lab image installs NetworkManager"
+    assert host.file("/etc/NetworkManager/conf.d/default-wifi-powersave-on.conf").exists
+    assert dropin.is_file
+    assert _nm_effective(host, "connection", "wifi.powersave") == "2"
+
+
+def test_logind_effective_lid_switch(host):
+    """What logind itself uses (the running daemon's property), not the drop-in's text."""
+    assert host.service("systemd-logind").is_running
+    out = host.check_output(
+        "busctl get-property org.freedesktop.login1 /org/freedesktop/login1 "
+        "org.freedesktop.login1.Manager HandleLidSwitch")
+    assert out.split() == ["s", '"ignore"'], out
+
+
+def test_own_name_resolves_to_127_0_1_1(host):
+    """Ubuntu's /etc/hosts line `127.0.1.1 <hostname>` is in place (the lab image adds it at boot)."""
+    first = host.check_output("getent hosts $(hostname)").splitlines()[0].split()
+    assert first[0] == "127.0.1.1", first
+
+
+def test_acl_installed_by_provisioning(host):
+    """Becoming the training user from the sudo account needs setfacl (roles/python_env installs
+    acl; the lab image has none, see tests/test_become_training_user.py)."""
+    assert host.package("acl").is_installed
+    assert host.exists("setfacl")
+
+
+def test_ssh_host_keys_differ_between_nodes():
+    """Host keys are made at each container's first boot, not baked into the image."""
+    keys = {
+        name: testinfra.get_host(f"podman://{name}").file("/etc/ssh/ssh_host_ed25519_key.pub").content_string.split()[1]
+        for name in TRAINERS
+    }
+    assert len(set(keys.values())) == len(TRAINERS), keys
+
+
+def test_ansible_connects_as_unprivileged_sudo_account():
+    """The path under test is a laptop's: Ansible over SSH as a sudo account, not root."""
+    for name in TRAINERS:
+        node = testinfra.get_host(f"ansible://{name}?ansible_inventory={_inventory()}&force_ansible=True")
+        assert node.backend.get_variables().get("ansible_connection") == "ssh"
+        assert node.check_output("id -un") not in ("", "root")
+        assert node.check_output("sudo -n id -un") == "root"
 
 
 def test_venv_imports_pinned_torch_as_training_user(host):

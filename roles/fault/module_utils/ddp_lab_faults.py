@@ -1,1 +1,0 @@
-../../../train/ddplab/controller/faults.py

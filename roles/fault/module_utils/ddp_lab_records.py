@@ -1,1 +1,0 @@
-../../../train/ddplab/records.py
