@@ -25,3 +25,19 @@ def test_divergence_is_named_in_progress_and_line():
 def test_records_without_cause_keep_the_error_alone():
     p = status.node_progress(records(error="RuntimeError: Connection reset by peer"))
     assert p["stop_cause"] is None and p["failure"] == "RuntimeError: Connection reset by peer"
+
+
+def test_summary_names_the_cause_and_a_fresh_start():
+    from ddplab.controller import summary
+
+    recs = [
+        {"event": "start", "time": 0.5, "rank": 0, "world_size": 2, "restart_count": 0,
+         "resumed_from_step": None, "fresh_start_reason": "found checkpoints in /x but none is usable: ..."},
+        *records(error="Diverged: training diverged at step 62: loss 305.2 ...", cause="divergence"),
+    ]
+    fig = summary.per_host_figures("laptop-a", recs, None)
+    assert fig["failures"] == [{"step": 61, "error": "Diverged: training diverged at step 62: loss 305.2 ...",
+                                "cause": "divergence"}]
+    assert fig["fresh_starts"] == ["found checkpoints in /x but none is usable: ..."]
+    text = summary.human_summary({"run_id": "r", "per_host": {"laptop-a": fig}})
+    assert "failures 1 (divergence), fresh start: found checkpoints in /x but none is usable" in text

@@ -146,8 +146,12 @@ def per_host_figures(host: str, records: Sequence[Record], host_dir: Path | None
         "restart_count": max((as_int(r.get("restart_count")) or 0 for r in records), default=0),
         "world_sizes": sorted({ws for r in steps if (ws := as_int(r.get("world_size"))) is not None}),
         "median_tokens_per_s": round(tok[len(tok) // 2], 1) if tok else None,
-        "failures": [
-            {"step": as_int(r.get("step")), "error": r.get("error")} for r in events_of(records, "failure")
+        "failures": [  # cause: divergence | signal | output | error (ddplab.train), None before
+            {"step": as_int(r.get("step")), "error": r.get("error"), "cause": r.get("cause")}
+            for r in events_of(records, "failure")
+        ],
+        "fresh_starts": [
+            r["fresh_start_reason"] for r in events_of(records, "start") if r.get("fresh_start_reason")
         ],
         "finished": bool(events_of(records, "end")),
     }
@@ -263,6 +267,8 @@ def human_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None)
             f"  {h}: step {fig.get('last_step')}, {fmt(fig.get('median_tokens_per_s'), '.0f')} tok/s, "
             f"restarts {fig.get('restart_count')}"
             + (f", failures {len(fig['failures'])}" if fig.get("failures") else "")
+            + "".join(f" ({c})" for c in sorted({f.get("cause") for f in fig.get("failures") or []} - {None}))
+            + (f", fresh start: {fig['fresh_starts'][-1][:100]}" if fig.get("fresh_starts") else "")
             + (
                 f", missing: {', '.join(m for m in missing if m != 'sample')}"
                 if [m for m in missing if m != "sample"]
