@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "train"))
 
-from ddplab.controller import faults  # noqa: E402
+from ddplab import faults  # noqa: E402
 from ddplab.controller.rundir import load_events, load_run  # noqa: E402
 
 BIN = Path(sys.executable).parent

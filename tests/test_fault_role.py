@@ -1,5 +1,5 @@
-"""kill-node.yml refuses bad input before touching a node, and the role's ddp_lab_progress module
-reads a node's metrics as the play waits on them.
+"""kill-node.yml refuses bad input before touching a node, and the role's ddp_lab_progress action
+plugin (``python -m ddplab.status`` on the node) reads a node's metrics as the play waits on them.
 
 The inventory's trainers are podman containers that do not exist: a task that reached one would
 fail as unreachable, so a clean refusal proves that nothing was contacted.
@@ -88,9 +88,11 @@ def _records(host, t0, steps, world_size=3, restart=0, start_resumed=None):
 
 def run_module(tmp_path, args):
     env = _env(tmp_path)
-    env.update(ANSIBLE_LIBRARY=str(ROOT / "roles/fault/library"),
-               ANSIBLE_MODULE_UTILS=str(ROOT / "roles/fault/module_utils"),
+    # the action plugin runs ``python -m ddplab.status`` on the node: here this Python, train/ on its path
+    env.update(ANSIBLE_ACTION_PLUGINS=str(ROOT / "roles/fault/action_plugins"),
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "train"), env.get("PYTHONPATH")) if p),
                ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
+    args = {"python": sys.executable, **args}
     r = subprocess.run([ADHOC, "localhost", "-c", "local", "-i", "localhost,", "-m", "ddp_lab_progress",
                         "-e", f"ansible_python_interpreter={sys.executable}",
                         "-a", " ".join(f"{k}={v}" for k, v in args.items())],

@@ -1,4 +1,4 @@
-"""Recovery measurement (ddplab.controller.faults) on synthetic run folders, one per fault mode.
+"""Recovery measurement (ddplab.faults) on synthetic run folders, one per fault mode.
 
 Each test writes what a real run leaves on the controller -- runs/<run_id>/<host>/metrics/*.jsonl
 with the CONTRACTS.md records and events.jsonl with the injections -- and checks the measured entry.
@@ -7,7 +7,8 @@ with the CONTRACTS.md records and events.jsonl with the injections -- and checks
 import json
 
 import pytest
-from ddplab.controller import faults, rundir
+from ddplab import faults
+from ddplab.controller import rundir
 from ddplab.controller import summary as sm
 
 T0 = 1_000.0  # time of step 1

@@ -1,5 +1,9 @@
 """Measured elastic recovery: one entry per fault injection of a run (docs/CONTRACTS.md).
 
+Pure (records in, measures out) and part of the node runtime: the controller measures a collected
+run with it (``python -m ddplab.controller.summary faults|build``), a node measures the injection
+from its own records while the fault role waits (``python -m ddplab.status --since T``).
+
 Inputs are what a run leaves on the controller:
 
 * ``runs/<run_id>/events.jsonl`` -- one JSON object a line. The fault injections are the records
@@ -59,10 +63,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-try:
-    from ddplab.records import Record, as_int, num
-except ImportError:  # shipped to a node as the fault role's module_utils (roles/fault/module_utils)
-    from ansible.module_utils.ddp_lab_records import Record, as_int, num  # type: ignore[no-redef]
+from ddplab.records import Record, as_int, num
 
 WorkerKey = tuple[str, int]  # (host, local_rank)
 

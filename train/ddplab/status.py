@@ -7,7 +7,10 @@ agent unit. Prints one progress line, e.g.
 or with ``--json`` ``{host, state, unit, progress, line}``: ``state`` is ``running | succeeded |
 failed | absent`` (:func:`job_state`), ``progress`` the newest figures (:func:`node_progress`:
 run id, step/max_steps, losses, world size, rank, restarts, seconds since the newest record, the
-last failure). The ``ddp_job_watch`` action plugin polls it.
+last failure), ``agent`` ``{state, substate, running, pid}``, ``workers`` (the newest record of
+every worker: who holds which rank) and, with ``--since T`` (a fault injected at T), ``phase`` and
+``measure`` (:mod:`ddplab.faults`). The ``ddp_job_watch`` action plugin (roles/ddp_job) and the
+``ddp_lab_progress`` action plugin (roles/fault) poll it; nothing else decides the job's state.
 
 Exit status: 0 (the state is in the output, also when there is no job); 2 bad arguments.
 """
@@ -24,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ddplab import faults
 from ddplab.records import Record, as_int, events_of, num, read_metrics_dir
 
 TAIL_BYTES = 256 * 1024  # read at most this much of the end of each metrics file
@@ -36,9 +40,9 @@ def fmt(v: float | None, spec: str = ".3f", none: str = "-") -> str:
 
 def unit_state(unit: str) -> dict[str, str]:
     """``systemctl show`` of a unit: LoadState, ActiveState, SubState, Result, ExecMainStatus,
-    InvocationID ({} when systemctl is not available)."""
+    InvocationID, MainPID ({} when systemctl is not available)."""
     props = (
-        "LoadState,ActiveState,SubState,Result,ExecMainStatus,ExecMainCode,InvocationID,"
+        "LoadState,ActiveState,SubState,Result,ExecMainStatus,ExecMainCode,InvocationID,MainPID,"
         "ExecMainStartTimestampMonotonic"
     )
     try:
@@ -157,32 +161,67 @@ def unit_started_at(unit: Mapping[str, str]) -> float | None:
     return time.time() - (time.monotonic() - mono_us / 1e6)
 
 
-def progress(out_dir: Path, unit: str | None, host: str | None = None) -> dict[str, Any]:
-    """The progress of this node: ``{host, state, unit, progress, line}`` (see :func:`job_state`).
+def agent(unit: Mapping[str, str]) -> dict[str, Any]:
+    """``{state, substate, running, pid}`` of the agent unit (``unknown`` without systemd).
 
-    Only records written since the unit's current start count (a resumed run's folder holds the
-    records of earlier launches too).
+    ``running``: a process of the unit runs (the unit is kept ``active/exited`` after its process
+    ends: RemainAfterExit=yes). ``pid``: its main process, 0 when none.
+    """
+    state, sub = unit.get("ActiveState") or "unknown", unit.get("SubState") or "unknown"
+    pid = unit.get("MainPID", "0")
+    running = state in ("active", "activating", "reloading") and sub not in ("exited", "dead", "failed")
+    return {"state": state, "substate": sub, "running": running, "pid": int(pid) if pid.isdigit() else 0}
+
+
+def progress(out_dir: Path, unit: str | None, host: str | None = None,
+             injection: faults.Injection | None = None) -> dict[str, Any]:
+    """The state of the job on this node: ``{host, state, unit, agent, progress, line, workers,
+    records, skipped_lines}`` (see :func:`job_state`, :func:`agent`, :func:`node_progress`;
+    ``workers``: :func:`ddplab.faults.newest_per_worker`).
+
+    Without ``injection``, only the tail of each metrics file is read and only the records written
+    since the unit's current start count (a resumed run's folder holds the records of earlier
+    launches too). With ``injection`` (a fault the fault role waits on), every record counts and
+    ``phase`` and ``measure`` say where the group stands after it (:func:`ddplab.faults.measure`,
+    :func:`ddplab.faults.progress_phase`).
     """
     host = host or socket.gethostname()
-    records, _skipped = read_metrics_dir(out_dir / "metrics", tail_bytes=TAIL_BYTES)
+    tail = None if injection is not None else TAIL_BYTES
+    records, skipped = read_metrics_dir(out_dir / "metrics", tail_bytes=tail)
     u = unit_state(unit) if unit else {}
     since = unit_started_at(u)
-    if since is not None:
+    if since is not None and injection is None:
         records = [r for r in records if (num(r.get("time")) or 0.0) >= since - 1.0]
     state = job_state(u, records)
     p = node_progress(records)
-    return {"host": host, "state": state, "unit": u, "progress": p, "line": format_progress(host, p, state)}
+    out = {"host": host, "state": state, "unit": u, "agent": agent(u), "progress": p,
+           "line": format_progress(host, p, state), "workers": faults.newest_per_worker(records),
+           "records": len(records), "skipped_lines": skipped}
+    if injection is not None:
+        m = faults.measure(injection, records)
+        out["phase"] = faults.progress_phase(m, out["agent"]["running"])
+        out["measure"] = m.to_dict()
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI (see the module docstring)."""
+    """CLI (see the module docstring); exit 2 on a bad ``--mode``."""
     ap = argparse.ArgumentParser(prog="python -m ddplab.status", description=__doc__.split("\n")[0])
     ap.add_argument("--out-dir", type=Path, required=True, help="the run's folder on this node")
     ap.add_argument("--unit", default="ddp-lab-agent", help="the agent's systemd unit ('' = none)")
     ap.add_argument("--host", default=None, help="name to show (default: hostname)")
-    ap.add_argument("--json", action="store_true", help="print {host, state, unit, progress, line}")
+    ap.add_argument("--json", action="store_true", help="print the whole state as JSON")
+    f = ap.add_argument_group("after a fault (the fault role's wait)")
+    f.add_argument("--since", type=float, default=None, metavar="T",
+                   help="unix time of an injection: measure it from this node's records (phase, measure)")
+    f.add_argument("--mode", choices=faults.MODES, default="kill-agent", help="the fault's mode")
+    f.add_argument("--node", default="?", help="the node the fault was aimed at")
+    f.add_argument("--duration-s", type=float, default=None, help="how long the fault lasts, s")
     a = ap.parse_args(argv)
-    out = progress(a.out_dir, a.unit or None, a.host)
+    inj = None
+    if a.since is not None:
+        inj = faults.Injection(time=a.since, mode=a.mode, node=a.node or "?", duration_s=a.duration_s or None)
+    out = progress(a.out_dir, a.unit or None, a.host, inj)
     print(json.dumps(out) if a.json else out["line"])
     return 0
 

@@ -47,8 +47,8 @@ def faults(summary):
 
 
 def test_three_faults_were_recorded_and_measured(run_dir, summary):
-    from ddplab.controller.faults import injections
     from ddplab.controller.rundir import load_events
+    from ddplab.faults import injections
 
     recorded = [(i.mode, i.node) for i in injections(load_events(run_dir))]
     assert [m for m, _ in recorded] == ["poweroff", "rejoin", "freeze"]

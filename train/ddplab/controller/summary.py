@@ -11,7 +11,7 @@ node's live progress is :mod:`ddplab.status`). Two commands:
   report`` and, beyond the contract, ``max_steps, first_train_loss, per_host, sample``.
 * **faults** (during and after a fault run): ``python -m ddplab.controller.summary faults
   runs/<run_id> [--metrics DIR] [--json] [--last] [--no-write]`` measures every injection of
-  ``events.jsonl`` with :mod:`ddplab.controller.faults`, stores the list as ``faults`` in
+  ``events.jsonl`` with :mod:`ddplab.faults`, stores the list as ``faults`` in
   summary.json and prints a table; ``--rank-of R`` prints the host holding global rank R now.
 
 Definitions (all times unix seconds, from the nodes' clocks):
@@ -31,7 +31,7 @@ Definitions (all times unix seconds, from the nodes' clocks):
 ``restarts``
     how many times the group re-formed: rank-0 ``start`` records minus one.
 ``faults``
-    measured by :mod:`ddplab.controller.faults` from the ``kind: fault`` records of ``events.jsonl`` (the
+    measured by :mod:`ddplab.faults` from the ``kind: fault`` records of ``events.jsonl`` (the
     hook :func:`measure_faults`); when there are none, the list already in ``summary.json`` is kept.
 """
 
@@ -46,7 +46,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ddplab.controller import faults, straggler
+from ddplab import faults
+from ddplab.controller import straggler
 from ddplab.controller.rundir import (
     SUMMARY_FILE,
     RunFolder,
@@ -118,7 +119,7 @@ def first_train_loss(records: Sequence[Record]) -> float | None:
 
 
 def measure_faults(run: RunFolder) -> list[dict[str, Any]]:
-    """The ``faults`` list: measured by :mod:`ddplab.controller.faults` when events.jsonl records injections,
+    """The ``faults`` list: measured by :mod:`ddplab.faults` when events.jsonl records injections,
     else the list summary.json already holds (or [])."""
     existing = run.summary.get("faults")
     kept = list(existing) if isinstance(existing, list) else []
@@ -224,7 +225,7 @@ def write_summary(run_dir: str | Path, summary: Mapping[str, Any]) -> Path:
 
 def update_summary(run_dir: str | Path, **fields: Any) -> Path:
     """Merge ``fields`` into ``run_dir/summary.json`` (creating a minimal one with ``run_id`` when
-    absent) and write it atomically; the hook other tools (ddplab.controller.faults) write through."""
+    absent) and write it atomically; the hook other tools (ddplab.faults) write through."""
     run_dir = Path(run_dir)
     data = read_json(run_dir / SUMMARY_FILE) or {"run_id": run_dir.name}
     data.update(fields)

@@ -113,7 +113,7 @@ def _outcome(f: dict[str, Any]) -> str:
 
 
 def faults(run: RunFolder) -> list[Fault]:
-    """summary.json faults (as measured by ddplab.controller.faults) when present, else the
+    """summary.json faults (as measured by ddplab.faults) when present, else the
     events.jsonl records of ``kind: fault``."""
     src = run.summary.get("faults")
     if isinstance(src, list) and src:
