@@ -26,7 +26,6 @@ Every call's result is checked (each element must equal the sum of the ranks' fi
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -35,6 +34,7 @@ from pathlib import Path
 
 from ddplab.bench import costmodel
 from ddplab.bench.worker import append_record, gather_hosts, run
+from ddplab.records import read_jsonl
 
 MB = 1e6
 
@@ -60,15 +60,11 @@ def link_rate_from_links(path: str | Path) -> float:
     Raises ValueError when the file has no links record with a measured link.
     """
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        recs, _bad = read_jsonl(path)
     except OSError as exc:
         raise ValueError(f"--link-from {path}: {exc.strerror}") from None
-    for line in reversed(lines):
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict) and rec.get("kind") == "links":
+    for rec in reversed(recs):
+        if rec.get("kind") == "links":
             vals = [v for row in rec.get("bandwidth_bytes_per_s") or [] for v in row
                     if isinstance(v, int | float) and v > 0]
             if vals:
