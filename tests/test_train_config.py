@@ -62,3 +62,16 @@ def test_integral_json_floats_are_accepted_for_ints():
 def test_validation_names_key_and_fix(values, match):
     with pytest.raises(ConfigError, match=match.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         build_config(values)
+
+
+def test_fresh_start_ramp_and_divergence_keys():
+    cfg, _ = parse_args(["--allow-fresh-start"])
+    assert cfg.allow_fresh_start is True and cfg.ramp_steps() == cfg.warmup_steps == 30
+    assert parse_args(["--allow-fresh-start", "false"])[0].allow_fresh_start is False
+    assert build_config({"allow_fresh_start": True, "lr_ramp_steps": 0}).ramp_steps() == 0
+    assert TrainConfig().allow_fresh_start is False and TrainConfig().divergence_margin == 3.0
+    for bad, match in [({"allow_fresh_start": "maybe"}, "must be true or false"),
+                       ({"lr_ramp_steps": -1}, "'lr_ramp_steps' = -1: must be an integer >= 0"),
+                       ({"divergence_margin": 0}, "'divergence_margin' = 0.0: must be a number > 0")]:
+        with pytest.raises(ConfigError, match=match):
+            build_config(bad)
