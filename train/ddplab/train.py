@@ -372,9 +372,10 @@ class Trainer:
     def train_step(self) -> None:
         """One optimizer step, and its metrics record when it is a logging step.
 
-        Every collective of the step (gradient all-reduce, and on logging steps the all-reduce of
-        the loss) runs *before* the optimizer update; the update, the counters and the record are
-        one critical section. So a failure either leaves the previous step whole, or comes after
+        Every collective of the step (gradient all-reduce, then the all-reduce of the loss that the
+        divergence guard decides on) runs *before* the optimizer update; a diverged step raises
+        :class:`Diverged` there, unapplied. The update, the counters and the record are one
+        critical section. So a failure either leaves the previous step whole, or comes after
         this step is complete and logged: the step a survivor saves is always the last one logged.
         """
         cfg, env, plan = self.cfg, self.env, self.plan
@@ -403,18 +404,10 @@ class Trainer:
         local_loss = loss_sum / plan.grad_accum_steps
         step = self.step + 1
         log_now = step % cfg.log_interval == 0 or step == cfg.max_steps
-        # clip_grad_norm_ returns the norm before clipping; max_norm inf scales by exactly 1.0
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf")))
-        t_loss = time.perf_counter()
-        mean_loss, bad_grads = self.reduce_step_health(local_loss, grad_norm)
-        allreduce_s = self.comm.seconds + (time.perf_counter() - t_loss if env.distributed else 0.0)
-        reason = divergence_reason(
-            mean_loss, float("nan") if bad_grads else grad_norm, self.step,
-            vocab_size=len(self.data.vocab), warmup_steps=cfg.warmup_steps,
-            margin=cfg.divergence_margin)
-        if reason:  # the same decision on every rank: it rests on all-reduced values only
-            raise Diverged(step, reason, mean_loss, grad_norm)
+        grad_norm = self.clip_gradients()
+        t_guard = time.perf_counter()
+        mean_loss = self.stop_if_diverged(local_loss, grad_norm)  # a collective; raises Diverged
+        allreduce_s = self.comm.seconds + (time.perf_counter() - t_guard if env.distributed else 0.0)
         with self.guard.critical():
             self.consistent = False
             self.optimizer.step()
@@ -432,15 +425,37 @@ class Trainer:
         segments = [(int(h["step"]), float(h["lr_scale"])) for h in self.history if "lr_scale" in h]
         return ramp_lr_scale(segments or [(0, self.plan.lr_scale)], step, self.cfg.ramp_steps())
 
-    def reduce_step_health(self, local_loss: float, grad_norm: float) -> tuple[float, bool]:
-        """Mean loss over all ranks and whether any rank saw a non-finite gradient norm: one
-        all-reduce of two numbers per step (identity when alone), so every rank decides alike."""
+    def clip_gradients(self) -> float:
+        """Clip to ``grad_clip`` (0: no clipping); return the L2 norm of the gradients before.
+
+        ``clip_grad_norm_`` with ``max_norm = inf`` scales by exactly 1.0, so the norm is measured
+        without changing the gradients.
+        """
+        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
+        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+
+    def stop_if_diverged(self, local_loss: float, grad_norm: float) -> float:
+        """The divergence guard (ddplab.divergence); return the mean loss over all ranks.
+
+        One all-reduce of two numbers (this rank's loss, "my gradient norm is not finite"; none
+        when alone), so every rank takes the same decision on the same values and none hangs.
+
+        Raises:
+            Diverged: the step must not be applied.
+        """
         bad = 0.0 if math.isfinite(grad_norm) else 1.0
-        if not dist.is_initialized():
-            return local_loss, bool(bad)
-        both = torch.tensor([local_loss, bad], dtype=torch.float64)
-        wait(dist.all_reduce(both, op=dist.ReduceOp.SUM, async_op=True))
-        return float(both[0]) / self.env.world_size, bool(both[1] > 0)
+        mean_loss, any_bad = local_loss, bool(bad)
+        if dist.is_initialized():
+            both = torch.tensor([local_loss, bad], dtype=torch.float64)
+            wait(dist.all_reduce(both, op=dist.ReduceOp.SUM, async_op=True))
+            mean_loss, any_bad = float(both[0]) / self.env.world_size, bool(both[1] > 0)
+        cfg = self.cfg
+        reason = divergence_reason(mean_loss, float("nan") if any_bad else grad_norm, self.step,
+                                   vocab_size=len(self.data.vocab), warmup_steps=cfg.warmup_steps,
+                                   margin=cfg.divergence_margin)
+        if reason:
+            raise Diverged(self.step + 1, reason, mean_loss, grad_norm)
+        return mean_loss
 
     def log_step(self, mean_loss: float, local_loss: float, lr: float, lr_scale: float,
                  step_s: float, allreduce_s: float) -> None:
