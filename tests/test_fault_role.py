@@ -86,15 +86,15 @@ def _records(host, t0, steps, world_size=3, restart=0, start_resumed=None):
     return recs
 
 
-def run_module(tmp_path, args):
+def run_module(tmp_path, args, extra_vars=()):
     env = _env(tmp_path)
     # the action plugin runs ``python -m ddplab.status`` on the node: here this Python, train/ on its path
     env.update(ANSIBLE_ACTION_PLUGINS=str(ROOT / "roles/fault/action_plugins"),
                PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "train"), env.get("PYTHONPATH")) if p),
                ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
-    args = {"python": sys.executable, **args}
+    args = args if extra_vars else {"python": sys.executable, **args}
     r = subprocess.run([ADHOC, "localhost", "-c", "local", "-i", "localhost,", "-m", "ddp_lab_progress",
-                        "-e", f"ansible_python_interpreter={sys.executable}",
+                        "-e", f"ansible_python_interpreter={sys.executable}", *extra_vars,
                         "-a", " ".join(f"{k}={v}" for k, v in args.items())],
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode in (0, 2), r.stdout + r.stderr
@@ -133,3 +133,15 @@ def test_progress_module_waits_then_says_the_job_ended(tmp_path):
                                 "unit": "ddp-lab-test-absent"})
     assert res["phase"] == "ended" and res["agent_running"] is False
     assert res["measure"]["outcome"] == "no_data"
+
+
+def test_progress_plugin_finds_the_venv_by_python_env_prefix(tmp_path):
+    """Without ``python``, the node's venv is ``<python_env_prefix>/bin/python`` (here a link to this
+    Python): the role's tasks pass no interpreter."""
+    metrics = tmp_path / "run" / "metrics"
+    metrics.mkdir(parents=True)
+    (metrics / "n-local0.jsonl").write_text(json.dumps(_records("n", 1000.0, [7])[0]) + "\n")
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "python").symlink_to(sys.executable)
+    res = run_module(tmp_path, {"metrics_dir": metrics}, ["-e", f"python_env_prefix={tmp_path / 'venv'}"])
+    assert res["records"] == 1 and res["workers"][0]["step"] == 7

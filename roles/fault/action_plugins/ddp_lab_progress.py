@@ -27,6 +27,7 @@ import time
 
 from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
+from ansible.template import trust_as_template
 
 ARGS = {
     "metrics_dir": {"type": "path", "required": True},
@@ -87,7 +88,7 @@ class ActionModule(ActionBase):
         args = self.validate_argument_spec(argument_spec=ARGS)[1]
         task_vars = task_vars or {}
         python = args["python"] or self._templar.template(
-            "{{ python_env_prefix | default('/opt/ddp-lab/venv') }}/bin/python")
+            trust_as_template("{{ python_env_prefix | default('/opt/ddp-lab/venv') }}/bin/python"))
         argv = status_argv(args, python)
         start = time.monotonic()
         while True:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from ddplab.controller import straggler
 from ddplab.controller.report import html, plots
-from ddplab.controller.rundir import RunFolder, RunFolderError
+from ddplab.controller.rundir import SUMMARY_FILE, RunFolder, RunFolderError
 from ddplab.controller.rundir import load_run as read_run_folder
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_NO_METRICS = 0, 2, 3
@@ -50,7 +50,7 @@ def load_run(path: str | Path, metrics_dir: str | Path | None = None) -> RunFold
         raise ReportError(str(exc)) from None
     if run.summary_error:
         raise ReportError(f"{run.summary_error}; re-run collect.yml")
-    if not (run.path / "summary.json").exists():
+    if not (run.path / SUMMARY_FILE).exists():
         run.notes.insert(0, "summary.json is missing: key figures derived from the metrics")
     return run
 
