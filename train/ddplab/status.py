@@ -79,8 +79,9 @@ def node_progress(records: Sequence[Record]) -> dict[str, Any]:
     """The newest figures of one node from its records (any order).
 
     Returns ``{step, run_id, max_steps, loss, val_loss, world_size, tokens_per_s, restart_count, rank,
-    age_s, finished, failure, stop_cause}`` (None where unknown); ``age_s``: seconds since the newest
-    record; ``stop_cause``: the ``cause`` of a newest ``failure`` record (divergence, signal, ...).
+    age_s, step_age_s, finished, failure, stop_cause}`` (None where unknown); ``age_s``: seconds since
+    the newest record; ``step_age_s``: seconds since the newest ``step`` record; ``stop_cause``: the
+    ``cause`` of a newest ``failure`` record (divergence, signal, ...).
     """
     recs = sorted(records, key=lambda r: num(r.get("time")) or 0.0)
     steps = events_of(recs, "step")
@@ -94,6 +95,7 @@ def node_progress(records: Sequence[Record]) -> dict[str, Any]:
         stop_cause = fails[-1].get("cause")  # divergence | signal | output | error (train.py)
         failure = (f"{stop_cause}: " if stop_cause else "") + str(fails[-1].get("error"))
     tnew = num(newest.get("time"))
+    tstep = num(last.get("time"))
     return {
         "step": next(
             (
@@ -113,6 +115,7 @@ def node_progress(records: Sequence[Record]) -> dict[str, Any]:
         "restart_count": as_int(newest.get("restart_count")),
         "rank": as_int(newest.get("rank")),
         "age_s": round(time.time() - tnew, 1) if tnew is not None else None,
+        "step_age_s": round(time.time() - tstep, 1) if tstep is not None else None,
         "finished": bool(events_of(recs, "end")),
         "failure": failure,
         "stop_cause": stop_cause,

@@ -7,7 +7,11 @@ tokens/s, restarts, [state]``) and returns when the node's agent is no longer ru
 node stayed unreachable for ``max_errors`` polls in a row, or after ``timeout_s``.
 
 It never fails the task on the job's outcome: it returns ``state`` (succeeded | failed | absent |
-unreachable | timeout) and the last ``progress``/``unit``/``line``, and the role decides.
+unreachable | timeout) and the last ``progress``/``unit``/``line``/``workers``, and the role decides.
+
+``once: true`` (``status.yml``, ``logs.yml``): one read, nothing printed; ``state`` is the node's
+state as read (``running`` too), ``unreachable`` when the node cannot be reached, ``error`` when
+the command failed there, with ``error`` holding the one-line reason.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import json
 import time
 
-from ansible.errors import AnsibleError
+from ansible.errors import AnsibleConnectionFailure, AnsibleError
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
@@ -29,7 +33,13 @@ ARGS = {
     "interval_s": {"type": "float", "default": 10.0},
     "timeout_s": {"type": "float", "default": 86400.0},
     "max_errors": {"type": "int", "default": 6},
+    "once": {"type": "bool", "default": False},
 }
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (at most 160 characters), or its type's name."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
 
 
 class ActionModule(ActionBase):
@@ -55,7 +65,7 @@ class ActionModule(ActionBase):
             module_name="ansible.builtin.command", module_args={"argv": argv}, task_vars=task_vars
         )
         if res.get("unreachable"):
-            raise AnsibleError(res.get("msg", "unreachable"))
+            raise AnsibleConnectionFailure(res.get("msg", "unreachable"))
         if res.get("failed") or res.get("rc", 1) != 0:
             err = (res.get("stderr") or res.get("msg") or "").strip().splitlines()
             raise AnsibleError(f"progress command failed: {err[-1] if err else res.get('rc')}")
@@ -66,6 +76,8 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         _, args = self.validate_argument_spec(argument_spec=ARGS)
         args["label"] = args["label"] or task_vars.get("inventory_hostname", "")
+        if args["once"]:
+            return self._once(result, args, task_vars)
         start = time.monotonic()
         errors, polls, last = 0, 0, None
         state = "running"
@@ -80,7 +92,7 @@ class ActionModule(ActionBase):
                 errors += 1
                 display.display(
                     f"{args['label']:<12} cannot read progress ({errors}/{args['max_errors']}): "
-                    f"{(str(exc).splitlines() or [type(exc).__name__])[0][:160]}",
+                    f"{first_line(exc)}",
                     color="yellow",
                 )
                 if errors >= args["max_errors"]:
@@ -101,9 +113,28 @@ class ActionModule(ActionBase):
                 "progress": (last or {}).get("progress", {}),
                 "unit": (last or {}).get("unit", {}),
                 "line": (last or {}).get("line", ""),
+                "workers": (last or {}).get("workers", []),
                 # why the node's training stopped: the cause of its newest failure record
                 # (divergence | signal | output | error), None when it did not fail
                 "stop_cause": (last or {}).get("progress", {}).get("stop_cause"),
             }
         )
+        return result
+
+    def _once(self, result: dict, args: dict, task_vars: dict) -> dict:
+        """One read of the node's state (see the module docstring: ``once``)."""
+        start = time.monotonic()
+        try:
+            doc = self._poll(args, task_vars)
+            state, error = doc["state"], None
+        except AnsibleConnectionFailure as exc:
+            doc, state, error = {}, "unreachable", first_line(exc)
+        except Exception as exc:  # noqa: BLE001 - reported in the node's row, not a crash
+            doc, error = {}, first_line(exc)
+            state = "unreachable" if "unreachable" in error.lower() else "error"
+        progress = doc.get("progress", {})
+        result.update({"changed": False, "state": state, "error": error, "polls": 1,
+                       "elapsed_s": round(time.monotonic() - start, 1), "progress": progress,
+                       "unit": doc.get("unit", {}), "line": doc.get("line", ""),
+                       "workers": doc.get("workers", []), "stop_cause": progress.get("stop_cause")})
         return result

@@ -1,0 +1,139 @@
+"""Action plugin ``ddp_job_status_table``: the cluster's state as one table (``status.yml``).
+
+Runs on the controller, once. Takes what ``ddp_job_watch`` (``once: true``) read on every trainer
+and the rendezvous store's ``python -m ddplab.controller.rdzv_store status`` document, prints one
+row per laptop (agent state, run id, step / max steps, train and val loss, world size, rank,
+tokens/s, restarts, seconds since the last step, last failure) and the store's line, and fails
+(one line) when a node is unreachable, its state could not be read, or its job failed.
+
+Options: ``nodes`` (inventory name -> the registered ``ddp_job_watch`` result; a skipped or
+missing result means no run to look at), ``store`` (the store document, {} when not read),
+``run_id`` (the run looked at, for the heading), ``width`` (columns of the table, default 160).
+
+Returns ``rows`` (one dict per node: see :func:`row_of`), ``store_line``, ``bad`` (the nodes
+that make it fail: then only ``msg``, one line) and ``table`` (the text printed).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+display = Display()
+
+ARGS = {
+    "nodes": {"type": "dict", "required": True},
+    "store": {"type": "dict", "default": {}},
+    "run_id": {"type": "str", "default": ""},
+    "width": {"type": "int", "default": 160},
+}
+
+# ddplab.status job states (and the plugin's own) -> the word in the table
+AGENT = {"running": "running", "succeeded": "ended", "failed": "failed", "absent": "no job",
+         "unreachable": "unreachable", "error": "error"}
+# agent words that make status.yml exit non-zero
+BAD = ("failed", "unreachable", "error")
+COLUMNS = ("node", "agent", "run", "step", "loss", "val", "ws", "rank", "tok/s", "restarts",
+           "last step s", "last failure")
+
+
+def _f(v: Any, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def row_of(host: str, res: Mapping[str, Any] | None) -> dict[str, Any]:
+    """One table row from a node's ``ddp_job_watch`` result (``once: true``).
+
+    ``res`` None or skipped: no run to look at (``no job``). Returns ``{node, agent, run, step,
+    loss, val, ws, rank, tok/s, restarts, last step s, last failure}``, all strings; ``agent`` is
+    running | ended | failed | no job | unreachable | error.
+    """
+    res = res or {}
+    state = "absent" if res.get("skipped") or not res.get("state") else str(res["state"])
+    p = res.get("progress") or {}
+    failure = p.get("failure") or ""
+    if state in ("unreachable", "error"):
+        failure = res.get("error") or res.get("msg") or state
+    total = p.get("max_steps") or "?"
+    step = "-" if p.get("step") is None else f"{p['step']}/{total}"
+    return {
+        "node": host,
+        "agent": AGENT.get(state, state),
+        "run": p.get("run_id") or "-",
+        "step": step,
+        "loss": _f(p.get("loss"), ".3f"),
+        "val": _f(p.get("val_loss"), ".3f"),
+        "ws": _f(p.get("world_size"), "d"),
+        "rank": _f(p.get("rank"), "d"),
+        "tok/s": _f(p.get("tokens_per_s"), ",.0f"),
+        "restarts": _f(p.get("restart_count"), "d"),
+        "last step s": _f(p.get("step_age_s"), ".0f"),
+        "last failure": str(failure).splitlines()[0][:100] if failure else "",
+    }
+
+
+def store_line(store: Mapping[str, Any]) -> str:
+    """The rendezvous store in one line, e.g. ``rendezvous store: running on port 29400 (answering,
+    supervisor pid 123, restarts 0)`` or ``rendezvous store: stopped (port 29400)``."""
+    if not store:
+        return "rendezvous store: not read"
+    port = store.get("port", "?")
+    if store.get("error"):
+        return f"rendezvous store: unknown on port {port} ({store['error']})"
+    if not store.get("running"):
+        return f"rendezvous store: stopped (port {port})"
+    answer = "answering" if store.get("answering") else "NOT answering"
+    return (f"rendezvous store: running on port {port} at {store.get('host', '?')} ({answer}, "
+            f"supervisor pid {store.get('supervisor_pid', '?')}, restarts {store.get('restarts', 0)})")
+
+
+def render(rows: Sequence[Mapping[str, str]], store: Mapping[str, Any], run_id: str = "",
+           width: int = 160) -> str:
+    """The table (``rich``, plain text without colour codes) and the store's line below it."""
+    table = Table(box=box.SIMPLE_HEAD, title=f"run {run_id}" if run_id else "no run", title_justify="left",
+                  pad_edge=False)
+    for c in COLUMNS:
+        table.add_column(c, justify="right" if c in ("step", "loss", "val", "ws", "rank", "tok/s",
+                                                     "restarts", "last step s") else "left",
+                         overflow="fold")
+    for r in rows:
+        table.add_row(*(r[c] for c in COLUMNS))
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, color_system=None, force_terminal=False, legacy_windows=False)
+    console.print(table)
+    console.print(store_line(store))
+    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()).strip("\n")
+
+
+def bad_nodes(rows: Sequence[Mapping[str, str]]) -> list[str]:
+    """``node: agent`` of every row whose state makes status.yml fail (failed, unreachable, error)."""
+    return [f"{r['node']}: {r['agent']}" for r in rows if r["agent"] in BAD]
+
+
+class ActionModule(ActionBase):
+    """See the module docstring."""
+
+    TRANSFERS_FILES = False
+    _requires_connection = False
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        _, args = self.validate_argument_spec(argument_spec=ARGS)
+        rows = [row_of(h, r) for h, r in args["nodes"].items()]
+        text = render(rows, args["store"], args["run_id"], args["width"])
+        display.display(text)
+        bad = bad_nodes(rows)
+        if bad:  # one line under the table: the failed result carries nothing else
+            result.update({"changed": False, "failed": True,
+                           "msg": f"not every laptop is well: {', '.join(bad)} (the table above says why)"})
+            return result
+        result.update({"changed": False, "rows": rows, "store_line": store_line(args["store"]),
+                       "bad": bad, "table": text})
+        return result

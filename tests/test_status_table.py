@@ -1,0 +1,314 @@
+"""status.yml and logs.yml: the table of running / ended / failed / unreachable laptops, the
+filters that pick a worker's log and check logs.yml's input, and the playbooks end to end on local
+"laptops" (a fake systemctl gives each one's agent unit) with one unreachable laptop."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from ddplab import status as st
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+PLAYBOOK = shutil.which("ansible-playbook", path=str(BIN)) or shutil.which("ansible-playbook")
+
+
+def _load(name: str, path: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+table = _load("ddp_job_status_table", "roles/ddp_job/action_plugins/ddp_job_status_table.py")
+filters = _load("ddp_job_filters", "roles/ddp_job/filter_plugins/ddp_job.py")
+
+NOW = time.time()
+
+
+def recs(host: str, rank: int, steps: int, end: bool = False, failure: str | None = None) -> list[dict]:
+    """A node's metrics records: start, steps 1..steps (one per 2 s up to now), val, end/failure."""
+    base = {"host": host, "local_rank": 0, "rank": rank, "world_size": 3, "restart_count": 1,
+            "run_id": "20261130-190000-abcd"}
+    t0 = NOW - 2 * steps - 5
+    out = [{**base, "event": "start", "time": t0, "max_steps": 300}]
+    out += [{**base, "event": "step", "time": t0 + 2 * s, "step": s, "loss": 3.0 - s / 100,
+             "tokens_per_s": 12345.6} for s in range(1, steps + 1)]
+    out.append({**base, "event": "val", "time": t0 + 2 * steps + 1, "step": steps, "val_loss": 2.5})
+    if end:
+        out.append({**base, "event": "end", "time": t0 + 2 * steps + 2, "step": steps})
+    if failure:
+        out.append({**base, "event": "failure", "time": t0 + 2 * steps + 2, "step": steps, "cause": "error",
+                    "error": failure})
+    return out
+
+
+UNITS = {
+    "running": {"LoadState": "loaded", "ActiveState": "active", "SubState": "running", "Result": "success",
+                "ExecMainStatus": "0", "MainPID": "4242"},
+    "ended": {"LoadState": "loaded", "ActiveState": "active", "SubState": "exited", "Result": "success",
+              "ExecMainStatus": "0", "MainPID": "0"},
+    "failed": {"LoadState": "loaded", "ActiveState": "failed", "SubState": "failed", "Result": "exit-code",
+               "ExecMainStatus": "1", "MainPID": "0"},
+    "absent": {"LoadState": "not-found", "ActiveState": "inactive", "SubState": "dead"},
+}
+
+
+def watch_result(host: str, unit: dict, records: list[dict]) -> dict:
+    """What ddp_job_watch (once: true) returns for a node: the ddplab.status document's fields."""
+    state = st.job_state(unit, records)
+    p = st.node_progress(records)
+    return {"state": state, "progress": p, "unit": unit, "line": st.format_progress(host, p, state),
+            "workers": [], "error": None}
+
+
+def test_step_age_is_the_time_since_the_newest_step():
+    r = recs("laptop-a", 0, 10, end=True)
+    p = st.node_progress(r)
+    assert p["step_age_s"] == pytest.approx(NOW - r[10]["time"], abs=1.0)
+    assert p["age_s"] < p["step_age_s"]  # val and end came after the last step
+    assert st.node_progress([])["step_age_s"] is None
+
+
+def test_rows_for_running_ended_failed_unreachable_and_no_job():
+    nodes = {
+        "laptop-a": watch_result("laptop-a", UNITS["running"], recs("laptop-a", 0, 120)),
+        "laptop-b": watch_result("laptop-b", UNITS["ended"], recs("laptop-b", 1, 300, end=True)),
+        "laptop-c": watch_result("laptop-c", UNITS["failed"], recs(
+            "laptop-c", 2, 50, failure="RuntimeError: gloo connection reset\nmore")),
+        "laptop-d": {"state": "unreachable", "progress": {},
+                     "error": "Failed to connect to the host via ssh: No route to host"},
+        "laptop-e": watch_result("laptop-e", UNITS["absent"], []),
+        "laptop-f": {"skipped": True, "changed": False},
+    }
+    rows = {r["node"]: r for r in (table.row_of(h, res) for h, res in nodes.items())}
+    a = rows["laptop-a"]
+    assert (a["agent"], a["run"], a["step"], a["loss"], a["val"], a["ws"], a["rank"], a["tok/s"],
+            a["restarts"]) == ("running", "20261130-190000-abcd", "120/300", "1.800", "2.500", "3", "0",
+                               "12,346", "1")
+    assert a["last step s"] == "5"  # the newest step record is 5 s old (the val and end came after it)
+    assert (rows["laptop-b"]["agent"], rows["laptop-b"]["step"]) == ("ended", "300/300")
+    assert rows["laptop-c"]["agent"] == "failed"
+    assert rows["laptop-c"]["last failure"] == "error: RuntimeError: gloo connection reset"
+    assert rows["laptop-d"]["agent"] == "unreachable"
+    assert "No route to host" in rows["laptop-d"]["last failure"]
+    assert rows["laptop-d"]["step"] == rows["laptop-d"]["run"] == "-"
+    assert rows["laptop-e"]["agent"] == rows["laptop-f"]["agent"] == "no job"
+    assert table.bad_nodes(list(rows.values())) == ["laptop-c: failed", "laptop-d: unreachable"]
+
+
+def test_render_is_one_table_with_the_store_line():
+    rows = [table.row_of("laptop-a", watch_result("laptop-a", UNITS["running"], recs("laptop-a", 0, 120))),
+            table.row_of("laptop-b", {"state": "unreachable", "error": "timed out"})]
+    store = {"running": True, "answering": True, "host": "10.89.0.1", "port": 29400, "supervisor_pid": 77,
+             "restarts": 0}
+    text = table.render(rows, store, "20261130-190000-abcd", width=160)
+    lines = text.splitlines()
+    assert lines[0].strip() == "run 20261130-190000-abcd"
+    header = next(line for line in lines if "node" in line)
+    for col in table.COLUMNS:
+        assert col in header, col
+    assert any(line.split()[:2] == ["laptop-a", "running"] for line in lines)
+    assert any(line.split()[:2] == ["laptop-b", "unreachable"] for line in lines)
+    assert "\x1b[" not in text  # no colour codes in Ansible's output
+    assert lines[-1] == ("rendezvous store: running on port 29400 at 10.89.0.1 (answering, "
+                         "supervisor pid 77, restarts 0)")
+    assert table.store_line({"running": False, "answering": False, "port": 29400}) == \
+        "rendezvous store: stopped (port 29400)"
+    assert table.store_line({}) == "rendezvous store: not read"
+
+
+def test_newest_stderr_per_local_rank():
+    d = "/var/lib/ddp-lab/runs/r/logs"
+    files = [
+        {"path": f"{d}/r_aa/attempt_0/0/stderr.log", "mtime": 100.0},
+        {"path": f"{d}/r_aa/attempt_1/0/stderr.log", "mtime": 200.0},
+        {"path": f"{d}/r_bb/attempt_0/0/stderr.log", "mtime": 300.0},  # a later launch (resume)
+        {"path": f"{d}/r_bb/attempt_0/1/stderr.log", "mtime": 250.0},
+        {"path": f"{d}/r_bb/attempt_0/1/stdout.log", "mtime": 400.0},
+    ]
+    assert filters.newest_stderr(files, [0]) == [f"{d}/r_bb/attempt_0/0/stderr.log"]
+    assert filters.newest_stderr(files, [0, 1]) == [f"{d}/r_bb/attempt_0/0/stderr.log",
+                                                    f"{d}/r_bb/attempt_0/1/stderr.log"]
+    assert filters.newest_stderr(files, [2]) == []
+
+
+def test_local_ranks_of_a_global_rank():
+    workers = [{"host": "a", "local_rank": 0, "rank": 2}, {"host": "a", "local_rank": 1, "rank": 0}]
+    assert filters.local_ranks_of(workers, "0") == [1]
+    assert filters.local_ranks_of(workers, 2) == [0]
+    assert filters.local_ranks_of(workers, "1") == []
+    assert filters.local_ranks_of(workers, "") == [0, 1]
+    assert filters.local_ranks_of([], None) == []
+
+
+@pytest.mark.parametrize("node, rank, lines, problems", [
+    ("laptop-a", "", "50", []),
+    ("laptop-a", "2", 10, []),
+    ("", "", "50", ["name the laptop: -e node=<one of laptop-a, laptop-b>"]),
+    ("laptop-z", "", "50", ["node=laptop-z is not in the group 'trainers' (one of laptop-a, laptop-b)"]),
+    ("laptop-a", "-1", "50", ["rank=-1 is not a global rank (an integer >= 0)"]),
+    ("laptop-a", "x", "0", ["rank=x is not a global rank (an integer >= 0)",
+                            "lines=0 is not a positive integer"]),
+    ("laptop-a", "", "ten", ["lines=ten is not a positive integer"]),
+    ("laptop-a", "", "-5", ["lines=-5 is not a positive integer"]),
+])
+def test_logs_input(node, rank, lines, problems):
+    assert filters.logs_input_problems(node, ["laptop-a", "laptop-b"], rank, lines) == problems
+
+
+# ---------------------------------------------------------------- the playbooks, on local "laptops"
+
+FAKE_SYSTEMCTL = """#!/bin/sh
+# systemctl show <unit> -p ...: the unit's state from $FAKE_UNITS/<unit>.show
+[ "$1" = show ] && [ -f "$FAKE_UNITS/$2.show" ] && exec cat "$FAKE_UNITS/$2.show"
+echo "LoadState=not-found"
+"""
+
+
+def _case(tmp_path: Path, states: dict[str, str]) -> tuple[Path, dict[str, str]]:
+    """Local trainers named after their state, their run folders and fake units; one unreachable
+    trainer (TEST-NET address over ssh). Returns the inventory and the environment."""
+    base, units, runs = tmp_path / "base", tmp_path / "units", tmp_path / "runs"
+    fakebin = tmp_path / "bin"
+    for d in (units, runs, fakebin):
+        d.mkdir(parents=True)
+    (fakebin / "systemctl").write_text(FAKE_SYSTEMCTL)
+    (fakebin / "systemctl").chmod(0o755)
+    run_id = "20261130-190000-abcd"
+    (runs / run_id).mkdir()
+    (runs / "current").symlink_to(run_id)
+    hosts = {}
+    for i, (host, state) in enumerate(states.items()):
+        unit = f"agent-{host}"
+        (units / f"{unit}.show").write_text("".join(f"{k}={v}\n" for k, v in UNITS[state].items()))
+        if state != "absent":
+            m = base / host / "runs" / run_id / "metrics"
+            m.mkdir(parents=True)
+            r = recs(host, i, 300 if state == "ended" else 40, end=state == "ended",
+                     failure="ValueError: boom" if state == "failed" else None)
+            (m / f"{host}-local0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in r))
+        hosts[host] = {"ansible_connection": "local", "ddp_job_base_dir": str(base / host),
+                       "ddp_job_unit": unit}
+    hosts["laptop-off"] = {"ansible_host": "192.0.2.1", "ansible_connection": "ssh",
+                           "ansible_ssh_common_args": "-o ConnectTimeout=2 -o ControlMaster=no"}
+    inv = {"all": {"children": {
+        "trainers": {"hosts": hosts, "vars": {
+            "ansible_python_interpreter": sys.executable, "ansible_become_method": "su",
+            "ddp_job_user": "root", "ddp_job_venv": str(Path(sys.executable).parent.parent),
+            "ddp_job_src_dir": str(ROOT / "train"), "ddp_job_runs_dir": str(runs)}},
+        "rendezvous": {"hosts": {"controller": {
+            "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+            "rendezvous_address": "127.0.0.1", "rendezvous_port": 29499,
+            "rendezvous_state_dir": str(tmp_path / "rdzv")}}},
+    }}}
+    (tmp_path / "rdzv").mkdir()
+    path = tmp_path / "hosts.yml"
+    path.write_text(json.dumps(inv))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"), ANSIBLE_HOME=str(tmp_path / "home"),
+               FAKE_UNITS=str(units))
+    env["PATH"] = f"{fakebin}:{BIN}:{env.get('PATH', '')}"
+    return path, env
+
+
+def _play(inv: Path, env: dict, playbook: str, *extra: str, check: bool = False
+          ) -> subprocess.CompletedProcess:
+    args = [PLAYBOOK, "-i", str(inv), str(ROOT / playbook)] + (["--check"] if check else [])
+    for e in extra:
+        args += ["-e", e]
+    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+
+
+@pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
+def test_status_playbook_table_and_exit_code(tmp_path):
+    inv, env = _case(tmp_path, {"laptop-run": "running", "laptop-end": "ended", "laptop-fail": "failed",
+                                "laptop-none": "absent"})
+    out = _play(inv, env, "status.yml", check=True)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text
+    rows = {line.split()[0]: line.split()[1:] for line in text.splitlines()
+            if line.startswith(" laptop-")}  # the table's rows (the recap's lines start without a space)
+    assert rows["laptop-run"][:3] == ["running", "20261130-190000-abcd", "40/300"], text
+    assert rows["laptop-end"][:3] == ["ended", "20261130-190000-abcd", "300/300"], text
+    assert rows["laptop-fail"][0] == "failed" and "ValueError: boom" in " ".join(rows["laptop-fail"]), text
+    assert rows["laptop-none"][:2] == ["no", "job"], text
+    assert rows["laptop-off"][0] == "unreachable", text
+    assert "rendezvous store: stopped (port 29499)" in text
+    assert "not every laptop is well: laptop-fail: failed, laptop-off: unreachable" in text
+    assert text.count("fatal:") == 1 and "UNREACHABLE" not in text, text
+    assert "changed=0" in text and "changed=1" not in text
+
+
+@pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
+def test_status_playbook_exits_zero_when_every_laptop_is_well(tmp_path):
+    inv, env = _case(tmp_path, {"laptop-run": "running", "laptop-end": "ended"})
+    text = inv.read_text().replace('"laptop-off"', '"laptop-gone"')
+    data = json.loads(text)
+    del data["all"]["children"]["trainers"]["hosts"]["laptop-gone"]
+    inv.write_text(json.dumps(data))
+    out = _play(inv, env, "status.yml")
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
+@pytest.mark.parametrize("extra, message", [
+    ((), "name the laptop: -e node=<one of"),
+    (("node=laptop-z",), "node=laptop-z is not in the group 'trainers'"),
+    (("node=laptop-run", "lines=0"), "lines=0 is not a positive integer"),
+    (("node=laptop-run", "rank=abc"), "rank=abc is not a global rank"),
+    (("node=laptop-run", "rank=5"), "rank=5 is not held by a worker on laptop-run"),
+])
+def test_logs_playbook_refuses_bad_input(tmp_path, extra, message):
+    inv, env = _case(tmp_path, {"laptop-run": "running"})
+    out = _play(inv, env, "logs.yml", *extra)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text
+    assert message in text, text
+    assert "UNREACHABLE" not in text, text  # refused before any laptop was contacted
+
+
+FAKE_JOURNALCTL = """#!/bin/sh
+# journalctl -u <unit> -n N ...: N numbered lines of the unit
+n=$4; i=1; while [ "$i" -le "$n" ]; do echo "$2 journal line $i"; i=$((i + 1)); done
+"""
+
+
+@pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
+def test_logs_playbook_shows_the_journal_and_the_newest_stderr_of_the_rank(tmp_path):
+    inv, env = _case(tmp_path, {"laptop-run": "running", "laptop-end": "ended"})
+    (tmp_path / "bin" / "journalctl").write_text(FAKE_JOURNALCTL)
+    (tmp_path / "bin" / "journalctl").chmod(0o755)
+    logs = tmp_path / "base/laptop-run/runs/20261130-190000-abcd/logs/20261130-190000-abcd_x1"
+    for attempt, text in ((0, "old attempt\n"), (1, "stderr one\nstderr two\nstderr three\n")):
+        (logs / f"attempt_{attempt}/0").mkdir(parents=True)
+        (logs / f"attempt_{attempt}/0/stderr.log").write_text(text)
+        os.utime(logs / f"attempt_{attempt}/0/stderr.log", (NOW - 100 + attempt, NOW - 100 + attempt))
+    out = _play(inv, env, "logs.yml", "node=laptop-run", "rank=0", "lines=2")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert "agent-laptop-run journal line 2" in text and "journal line 3" not in text, text
+    assert "attempt_1/0/stderr.log (last 2 lines)" in text and "stderr three" in text, text
+    assert "stderr one" not in text and "old attempt" not in text, text
+    assert "laptop-end" not in text.split("PLAY RECAP")[0].split("Check the input")[1], text  # one laptop
+
+
+@pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
+def test_attach_refuses_when_no_trainer_has_the_job(tmp_path):
+    inv, env = _case(tmp_path, {"laptop-none": "absent"})
+    data = json.loads(inv.read_text())
+    del data["all"]["children"]["trainers"]["hosts"]["laptop-off"]
+    inv.write_text(json.dumps(data))
+    out = _play(inv, env, "attach.yml")
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text
+    assert "no job of run 20261130-190000-abcd on any trainer; fix: start one with site.yml" in text, text
+    assert "Watch the training" not in text, text
