@@ -21,7 +21,7 @@ export CONTAINERS_CONF := $(LAB_CONTAINERS_CONF)
 endif
 LAB := $(PYTHON) lab/lab.py
 
-.PHONY: help deps venv image lab-up lab-down lab-status demo test test-unit lint molecule doctor stop report bench clean
+.PHONY: help deps venv image lab-up lab-down lab-status demo test test-unit lint molecule doctor status logs stop report bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -95,6 +95,12 @@ molecule: venv image ## run the multi-node molecule scenarios ($(SCENARIOS))
 
 doctor: venv ## preflight checks alone, a table per node
 	ansible-playbook -i $(INVENTORY) doctor.yml
+
+status: venv ## one table: the job on every laptop and the rendezvous store (read-only)
+	ansible-playbook -i $(INVENTORY) status.yml
+
+logs: venv ## a laptop's agent journal and worker stderr: make logs NODE=laptop-b [RANK=1] [LINES=50]
+	ansible-playbook -i $(INVENTORY) logs.yml -e node=$(NODE) $(if $(RANK),-e rank=$(RANK)) $(if $(LINES),-e lines=$(LINES))
 
 stop: venv ## end a running job everywhere
 	ansible-playbook -i $(INVENTORY) stop.yml
