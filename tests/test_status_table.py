@@ -250,13 +250,36 @@ def test_status_playbook_table_and_exit_code(tmp_path):
 
 @pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
 def test_status_playbook_exits_zero_when_every_laptop_is_well(tmp_path):
+    """Also: without runs/current (a job launched from another checkout) the run is the laptops'."""
     inv, env = _case(tmp_path, {"laptop-run": "running", "laptop-end": "ended"})
-    text = inv.read_text().replace('"laptop-off"', '"laptop-gone"')
-    data = json.loads(text)
-    del data["all"]["children"]["trainers"]["hosts"]["laptop-gone"]
+    data = json.loads(inv.read_text())
+    del data["all"]["children"]["trainers"]["hosts"]["laptop-off"]
+    inv.write_text(json.dumps(data))
+    (tmp_path / "runs" / "current").unlink()
+    for host in ("laptop-run", "laptop-end"):
+        (tmp_path / "base" / host / "current_run").write_text("20261130-190000-abcd\n")
+    out = _play(inv, env, "status.yml")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert "run 20261130-190000-abcd" in text, text
+    assert any(line.split()[:3] == ["laptop-end", "ended", "20261130-190000-abcd"]
+               for line in text.splitlines()), text
+
+
+@pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
+def test_status_playbook_names_a_laptop_whose_state_cannot_be_read(tmp_path):
+    inv, env = _case(tmp_path, {"laptop-run": "running"})
+    data = json.loads(inv.read_text())
+    hosts = data["all"]["children"]["trainers"]["hosts"]
+    del hosts["laptop-off"]
+    hosts["laptop-run"]["ddp_job_venv"] = str(tmp_path / "no-venv")  # not provisioned
     inv.write_text(json.dumps(data))
     out = _play(inv, env, "status.yml")
-    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text
+    row = next(line for line in text.splitlines() if line.startswith(" laptop-run"))
+    assert row.split()[1] == "error" and "progress command failed" in row, text
+    assert "not every laptop is well: laptop-run: error" in text, text
 
 
 @pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
