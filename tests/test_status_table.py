@@ -85,7 +85,9 @@ def test_rows_for_running_ended_failed_unreachable_and_no_job():
         "laptop-c": watch_result("laptop-c", UNITS["failed"], recs(
             "laptop-c", 2, 50, failure="RuntimeError: gloo connection reset\nmore")),
         "laptop-d": {"state": "unreachable", "progress": {},
-                     "error": "Failed to connect to the host via ssh: No route to host"},
+                     "error": 'Data could not be sent to remote host "10.89.0.14". Make sure this host '
+                              "can be reached over ssh: ssh: connect to host 10.89.0.14 port 22: "
+                              "No route to host"},
         "laptop-e": watch_result("laptop-e", UNITS["absent"], []),
         "laptop-f": {"skipped": True, "changed": False},
     }
@@ -99,7 +101,7 @@ def test_rows_for_running_ended_failed_unreachable_and_no_job():
     assert rows["laptop-c"]["agent"] == "failed"
     assert rows["laptop-c"]["last failure"] == "error: RuntimeError: gloo connection reset"
     assert rows["laptop-d"]["agent"] == "unreachable"
-    assert "No route to host" in rows["laptop-d"]["last failure"]
+    assert rows["laptop-d"]["last failure"] == "ssh: connect to host 10.89.0.14 port 22: No route to host"
     assert rows["laptop-d"]["step"] == rows["laptop-d"]["run"] == "-"
     assert rows["laptop-e"]["agent"] == rows["laptop-f"]["agent"] == "no job"
     assert table.bad_nodes(list(rows.values())) == ["laptop-c: failed", "laptop-d: unreachable"]

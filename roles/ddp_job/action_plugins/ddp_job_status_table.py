@@ -60,7 +60,11 @@ def row_of(host: str, res: Mapping[str, Any] | None) -> dict[str, Any]:
     p = res.get("progress") or {}
     failure = p.get("failure") or ""
     if state in ("unreachable", "error"):
-        failure = res.get("error") or res.get("msg") or state
+        # the cause is at the end of a connection error ("... reached over ssh: ssh: connect to host
+        # 10.89.0.14 port 22: No route to host"): keep that part
+        failure = str(res.get("error") or res.get("msg") or state).strip().splitlines()[0]
+        failure = failure.rsplit("reached over ssh: ", 1)[-1]
+        failure = failure if len(failure) <= 100 else "..." + failure[-97:]
     total = p.get("max_steps") or "?"
     step = "-" if p.get("step") is None else f"{p['step']}/{total}"
     return {

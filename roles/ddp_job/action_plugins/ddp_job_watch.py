@@ -37,9 +37,9 @@ ARGS = {
 }
 
 
-def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (at most 160 characters), or its type's name."""
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+def first_line(exc: BaseException, limit: int = 160) -> str:
+    """The first line of an exception's message (at most ``limit`` characters), or its type's name."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:limit]
 
 
 class ActionModule(ActionBase):
@@ -128,9 +128,9 @@ class ActionModule(ActionBase):
             doc = self._poll(args, task_vars)
             state, error = doc["state"], None
         except AnsibleConnectionFailure as exc:
-            doc, state, error = {}, "unreachable", first_line(exc)
+            doc, state, error = {}, "unreachable", first_line(exc, 1000)
         except Exception as exc:  # noqa: BLE001 - reported in the node's row, not a crash
-            doc, error = {}, first_line(exc)
+            doc, error = {}, first_line(exc, 1000)
             state = "unreachable" if "unreachable" in error.lower() else "error"
         progress = doc.get("progress", {})
         result.update({"changed": False, "state": state, "error": error, "polls": 1,
