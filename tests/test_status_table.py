@@ -337,3 +337,31 @@ def test_attach_refuses_when_no_trainer_has_the_job(tmp_path):
     assert out.returncode != 0, text
     assert "no job of run 20261130-190000-abcd on any trainer; fix: start one with site.yml" in text, text
     assert "Watch the training" not in text, text
+
+
+@pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
+def test_attach_follows_the_job_then_collects_and_reports(tmp_path):
+    """attach.yml on a job that ended meanwhile: the watch's last lines, then collect and report as
+    site.yml does (the same task files: roles/ddp_job/tasks/watch.yml, playbooks/collect.yml,
+    playbooks/report.yml)."""
+    inv, env = _case(tmp_path, {"laptop-x": "ended", "laptop-y": "ended"})
+    data = json.loads(inv.read_text())
+    del data["all"]["children"]["trainers"]["hosts"]["laptop-off"]
+    inv.write_text(json.dumps(data))
+    (tmp_path / "bin" / "journalctl").write_text(FAKE_JOURNALCTL)
+    (tmp_path / "bin" / "journalctl").chmod(0o755)
+    runs = tmp_path / "runs"  # collect and report write here, not into the checkout's runs/
+    out = _play(inv, env, "attach.yml", "ddp_job_watch_interval_s=1", f"collect_runs_dir={runs}",
+                f"report_runs_dir={runs}")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert "TASK [ddp_job : Watch the training" in text, text
+    for host in ("laptop-x", "laptop-y"):
+        assert any(line.startswith(host) and "step   300/300" in line and line.endswith("[succeeded]")
+                   for line in text.splitlines()), text
+    run = tmp_path / "runs" / "20261130-190000-abcd"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["run_id"] == "20261130-190000-abcd", summary
+    assert (run / "laptop-x" / "metrics" / "laptop-x-local0.jsonl").is_file()
+    assert (run / "report.html").is_file()
+    assert f"report: {run}/report.html" in text, text
