@@ -100,6 +100,8 @@ def test_rows_for_running_ended_failed_unreachable_and_no_job():
     assert (rows["laptop-b"]["agent"], rows["laptop-b"]["step"]) == ("ended", "300/300")
     assert rows["laptop-c"]["agent"] == "failed"
     assert rows["laptop-c"]["last failure"] == "error: RuntimeError: gloo connection reset"
+    killed = table.row_of("laptop-k", watch_result("laptop-k", UNITS["failed"], recs("laptop-k", 0, 5)))
+    assert (killed["agent"], killed["last failure"]) == ("failed", "agent unit exit-code, exit status 1")
     assert rows["laptop-d"]["agent"] == "unreachable"
     assert rows["laptop-d"]["last failure"] == "ssh: connect to host 10.89.0.14 port 22: No route to host"
     assert rows["laptop-d"]["step"] == rows["laptop-d"]["run"] == "-"

@@ -59,6 +59,9 @@ def row_of(host: str, res: Mapping[str, Any] | None) -> dict[str, Any]:
     state = "absent" if res.get("skipped") or not res.get("state") else str(res["state"])
     p = res.get("progress") or {}
     failure = p.get("failure") or ""
+    if state == "failed" and not failure:  # ended without a failure record (killed, OOM, ...)
+        unit = res.get("unit") or {}
+        failure = f"agent unit {unit.get('Result', '?')}, exit status {unit.get('ExecMainStatus', '?')}"
     if state in ("unreachable", "error"):
         # the cause is at the end of a connection error ("... reached over ssh: ssh: connect to host
         # 10.89.0.14 port 22: No route to host"): keep that part
