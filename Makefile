@@ -41,10 +41,10 @@ venv: $(VENV)/.done ## the controller venv: ansible, molecule, linters, torch (p
 image: deps ## build the lab node image offline (debootstrap -> podman import -> build); cached
 	$(LAB) image
 
-lab-up: deps venv ## three systemd containers laptop-a/b/c on the network ddp-lab; writes inventory/lab/hosts.yml
+lab-up: deps venv ## three systemd containers laptop-a/b/c on the network ddp-lab, SSH as labadmin; writes inventory/lab/hosts.yml
 	$(LAB) up
 
-lab-down: ## remove the lab containers and network
+lab-down: ## remove the lab containers, network, inventory and SSH state (lab/.state/ssh)
 	$(LAB) down
 
 lab-status: ## image, network and node states of the lab

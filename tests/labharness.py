@@ -115,6 +115,8 @@ def lab_or_skip() -> Lab:
     # The lab's inventories connect over SSH (ansible_host is an address) and name each node's
     # container in lab_container; the molecule scenarios name the containers after the hosts.
     containers = {h: hostvars.get(h, {}).get("lab_container", h) for h in trainers}
+    if any("{{" in name for name in containers.values()):  # molecule's: "{{ inventory_hostname }}"
+        containers = _rendered_vars(env, inventory, "trainers", "lab_container")
     for host, name in containers.items():
         running = subprocess.run(
             ["podman", "container", "inspect", "--format", "{{.State.Running}}", name],
@@ -154,13 +156,13 @@ def lab_or_skip() -> Lab:
     )
 
 
-def _rendered_var(env: dict[str, str], inventory: str, host: str, name: str) -> str:
-    """A host variable as plays see it (ansible-inventory prints templates unrendered, e.g. the
-    molecule inventory's lookup of its network's gateway)."""
+def _rendered_vars(env: dict[str, str], inventory: str, pattern: str, name: str) -> dict[str, str]:
+    """A variable of the hosts matching ``pattern`` as plays see it, {host: value} (ansible-inventory
+    prints templates unrendered, e.g. the molecule inventory's lookup of its network's gateway)."""
     done = subprocess.run(
         [
             str(BINDIR / "ansible"),
-            host,
+            pattern,
             "-i",
             inventory,
             "-o",
@@ -175,7 +177,17 @@ def _rendered_var(env: dict[str, str], inventory: str, host: str, name: str) -> 
         check=True,
         timeout=120,
     )
-    return str(json.loads(done.stdout.split("=>", 1)[1])[name])
+    values = {}
+    for line in done.stdout.splitlines():
+        if "=>" in line:
+            host, result = line.split("=>", 1)
+            values[host.split("|")[0].strip()] = str(json.loads(result)[name])
+    return values
+
+
+def _rendered_var(env: dict[str, str], inventory: str, host: str, name: str) -> str:
+    """One host's variable as plays see it (see :func:`_rendered_vars`)."""
+    return _rendered_vars(env, inventory, host, name)[host]
 
 
 @contextlib.contextmanager

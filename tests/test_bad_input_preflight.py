@@ -937,6 +937,11 @@ def test_healthy_cluster_doctor_prints_ok_tables(lab, tmp_path: Path):
     tables = _tables(out)
     for host in lab.trainers:
         statuses = {check: status for check, (status, _) in tables[host].items()}
+        # A node as Ubuntu installs it (and the lab image) names itself 127.0.1.1 in /etc/hosts:
+        # doctor warns that a program finding its address by name gets loopback; not a problem.
+        if statuses.get("hosts_file") == "WARN":
+            assert "127.0.1.1" in tables[host]["hosts_file"][1], tables[host]["hosts_file"]
+            del statuses["hosts_file"]
         assert set(statuses.values()) <= {"OK", "SKIP"}, (host, statuses)
     assert "doctor: 0 host(s) with problems" in out
 
@@ -1028,7 +1033,9 @@ def test_firewall_opens_only_the_cluster_subnet_when_ufw_is_enabled(lab, tmp_pat
             _sh(
                 lab,
                 target,
-                "ufw --force reset >/dev/null && ufw default deny incoming >/dev/null && ufw --force enable",
+                # SSH stays open, as on a laptop Ansible reaches over SSH.
+                "ufw --force reset >/dev/null && ufw default deny incoming >/dev/null"
+                " && ufw allow 22/tcp >/dev/null && ufw --force enable",
             )
             assert _can_connect(lab, peer, address, port) == "timeout"
             rc, out = run_playbooks(lab.env, lab.inventory, [str(play)], "--limit", target, "--check")
@@ -1045,7 +1052,9 @@ def test_firewall_opens_only_the_cluster_subnet_when_ufw_is_enabled(lab, tmp_pat
             _sh(
                 lab,
                 target,
-                "ufw --force reset >/dev/null && ufw default deny incoming >/dev/null && ufw --force enable",
+                # SSH stays open, as on a laptop Ansible reaches over SSH.
+                "ufw --force reset >/dev/null && ufw default deny incoming >/dev/null"
+                " && ufw allow 22/tcp >/dev/null && ufw --force enable",
             )
             rc, out = run_playbooks(
                 lab.env,

@@ -6,7 +6,9 @@ exercise the real thing.
 """
 
 import importlib.util
+import json
 import resource
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -122,13 +124,35 @@ def test_recipe_hash_follows_the_recipe_files(lab, tmp_path, monkeypatch):
 
 def test_inventory_matches_the_contract(lab, monkeypatch):
     monkeypatch.setenv("DDP_LAB_CONTROLLER_PYTHON", "/opt/ctl/.venv/bin/python")
-    inv = yaml.safe_load(lab.render_inventory("10.89.0.1"))["all"]["children"]
+    addresses = {"laptop-a": "10.89.0.11", "laptop-b": "10.89.0.12", "laptop-c": "10.89.0.13"}
+    inv = yaml.safe_load(lab.render_inventory("10.89.0.1", addresses))["all"]["children"]
     trainers = inv["trainers"]
-    assert list(trainers["hosts"]) == ["laptop-a", "laptop-b", "laptop-c"]
-    assert trainers["vars"] == {"ansible_connection": "containers.podman.podman",
-                                "ansible_python_interpreter": "/usr/bin/python3"}
+    assert trainers["hosts"] == {
+        name: {"ansible_host": address, "lab_container": name} for name, address in addresses.items()
+    }
+    ssh_dir = lab.LAB_SSH_DIR
+    # The laptops' path: SSH as the sudo account, the lab's key and known_hosts (no podman connection).
+    assert trainers["vars"] == {
+        "ansible_connection": "ssh",
+        "ansible_user": "labadmin",
+        "ansible_ssh_private_key_file": str(ssh_dir / "id_ed25519"),
+        "ansible_ssh_common_args": f"-o UserKnownHostsFile={ssh_dir / 'known_hosts'} "
+        "-o HostKeyAlias={{ inventory_hostname }}",
+        "ansible_python_interpreter": "/usr/bin/python3",
+    }
     assert inv["rendezvous"]["hosts"] == {"controller": {
         "ansible_connection": "local",
         "ansible_python_interpreter": "/opt/ctl/.venv/bin/python",
         "rendezvous_address": "10.89.0.1",
     }}
+
+
+def test_node_addresses_are_fixed_host_numbers_of_the_lab_network(lab, monkeypatch):
+    info = [{"subnets": [{"subnet": "fd00::/64"}, {"subnet": "10.89.3.0/24", "gateway": "10.89.3.1"}]}]
+    answer = lambda *a, **k: subprocess.CompletedProcess(a, 0, json.dumps(info).encode())  # noqa: E731
+    monkeypatch.setattr(lab, "podman", answer)
+    want = {"laptop-a": "10.89.3.11", "laptop-b": "10.89.3.12", "laptop-c": "10.89.3.13"}
+    assert lab.node_addresses() == want
+    info[0]["subnets"] = [{"subnet": "10.89.3.0/29"}]
+    with pytest.raises(lab.LabError, match="no IPv4 subnet with room"):
+        lab.node_addresses()
