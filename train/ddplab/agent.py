@@ -16,18 +16,38 @@ each other and the first round is complete at once. The barrier key is per launc
 launch of its own with ``DDPLAB_AGENT_BARRIER_NODES=1`` and does not wait. A barrier that times
 out is not an error: the agent starts anyway (elastic membership takes care of latecomers).
 
+Workers forked from the agent: when the worker is ``-m ddplab.train ...`` and the start method is
+``fork`` (``--start-method fork``), the agent imports ``ddplab.train`` (and so torch) once, before the
+barrier, and launches the workers as the function entrypoint :func:`ddplab.train.worker` through
+torch's ``elastic_launch`` with the same launch configuration torchrun would build from the same
+arguments (rendezvous, ``--max-restarts``, ``--monitor-interval``, ``--log-dir``/``--tee``/
+``--redirects`` with the same per-rank files ``<log-dir>/<run>/attempt_<n>/<local_rank>/``).
+Each (re)started worker is then a fork of a process that already imported torch and skips the
+imports (figures: docs/faults.md). The agent only imports: no tensor work, no OpenMP pool, no gloo
+group exists in it before the fork; the worker sets its own thread count. Any other worker command,
+or ``--start-method spawn`` (torchrun's default), runs exactly as ``torchrun`` (a new interpreter
+per worker).
+
 Exit status: torchrun's (0 when the workers finished; 1 with torchrun's error report otherwise);
 2 for a bad barrier setting (nothing started).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
+import uuid
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 BARRIER_PREFIX = "ddplab/start-barrier/"
+#: The training module whose workers the agent can fork (``-m ddplab.train``).
+WORKER_MODULE = "ddplab.train"
+#: Start methods under which the workers are forked from this process.
+FORK_START_METHODS = ("fork",)
 
 
 def _log(msg: str) -> None:
@@ -57,10 +77,60 @@ def barrier(
     return arrived, time.monotonic() - start
 
 
+def forks_worker(args: argparse.Namespace) -> bool:
+    """True when torchrun's parsed ``args`` start ``-m ddplab.train`` with a fork start method."""
+    return (bool(args.module) and args.training_script == WORKER_MODULE and not args.no_python
+            and not args.run_path and args.start_method in FORK_START_METHODS)
+
+
+def fork_launch(args: argparse.Namespace) -> tuple[Any, Callable[..., None], tuple[str, ...]]:
+    """The launch configuration, function entrypoint and its arguments for torchrun's ``args``.
+
+    Applies what ``torch.distributed.run.run`` does before building the configuration
+    (``--standalone``: c10d on an OS-chosen local port with a random run id; ``static`` without
+    an endpoint on one node: the same), then builds it with torchrun's own ``config_from_args``,
+    so every launch option means what it means to torchrun. Returns ``(LaunchConfig,
+    ddplab.train.worker, training arguments)``. Raises what ``config_from_args`` raises on bad
+    arguments (AssertionError/ValueError).
+    """
+    import torch.distributed.run as torchrun
+
+    from ddplab import train
+
+    one_node = torchrun.parse_min_max_nnodes(args.nnodes)[1] == 1
+    if args.standalone or (args.rdzv_backend == "static" and not args.rdzv_endpoint
+                           and args.master_port is None and one_node):
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    if args.master_port is None:
+        args.master_port = 29500
+    config, _cmd, _cmd_args = torchrun.config_from_args(args)
+    return config, train.worker, tuple(args.training_script_args)
+
+
+def run_forked(args: argparse.Namespace) -> None:
+    """Launch the forked workers for torchrun's ``args`` and wait for them (see the module doc).
+
+    Raises ``ChildFailedError`` (torchrun's error report is logged) when the workers failed after
+    the last restart, as ``torch.distributed.run.main`` does.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import record
+    from torch.distributed.launcher.api import elastic_launch
+
+    config, entrypoint, worker_args = fork_launch(args)
+    _log(f"workers forked from the agent ({args.start_method}): {WORKER_MODULE}.worker "
+         f"{' '.join(worker_args)}")
+    record(elastic_launch(config=config, entrypoint=entrypoint))(*worker_args)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the barrier (when configured), then torchrun with ``argv``; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     import torch.distributed.run as torchrun  # the slow import, before the barrier
+
+    args = torchrun.parse_args(argv)
+    fork = forks_worker(args)
+    if fork:
+        import ddplab.train  # noqa: F401  (imported once here; every forked worker inherits it)
 
     token = os.environ.get("DDPLAB_AGENT_BARRIER", "")
     if token:
@@ -72,7 +142,6 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             _log(f"error: bad DDPLAB_AGENT_BARRIER_NODES/TIMEOUT: {exc}")
             return 2
-        args = torchrun.parse_args(argv)
         if not args.rdzv_endpoint:
             _log("error: DDPLAB_AGENT_BARRIER needs --rdzv-endpoint host:port")
             return 2
@@ -83,7 +152,10 @@ def main(argv: list[str] | None = None) -> int:
             _log(
                 f"start barrier {token}: only {arrived}/{nodes} agents after {waited:.0f} s; starting anyway"
             )
-    torchrun.main(argv)
+    if fork:
+        run_forked(args)
+    else:
+        torchrun.main(argv)
     return 0
 
 

@@ -15,6 +15,7 @@ ddplab.divergence); 128 + signal when stopped by a signal.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -57,7 +58,7 @@ from ddplab.distributed import (
 )
 from ddplab.divergence import EXIT_DIVERGED, Diverged, divergence_reason
 from ddplab.lr import BatchPlan, BatchPolicyError, lr_at, plan_batch, ramp_lr_scale
-from ddplab.metrics import MetricsWriter
+from ddplab.metrics import MetricsWriter, read_jsonl
 from ddplab.model import GPT, GPTConfig
 from ddplab.outputs import OutputError, check_writable_dir
 
@@ -215,6 +216,8 @@ class Trainer:
         for path, why in agreement.local.rejected:
             print(f"[rank {env.rank}] skipping checkpoint {path}: {why}", file=sys.stderr, flush=True)
         self._refuse_silent_fresh_start(agreement.step is None, agreement.local)
+        self.resumed_from = agreement.step  # None: fresh start (set again below, same value)
+        self._refuse_repeated_divergence(agreement.step)
         state = None
         if agreement.data is not None:
             state = deserialize(agreement.data)
@@ -314,6 +317,41 @@ class Trainer:
         if self.data is not None and state.get("vocab") != self.data.vocab.chars:
             diffs.append("vocabulary differs (another dataset)")
         return f"does not match this run ({'; '.join(diffs)})" if diffs else None
+
+    def config_sha256(self) -> str:
+        """SHA-256 of the configuration (sorted JSON): equal settings give equal digests."""
+        text = json.dumps(self.cfg.to_dict(), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def _refuse_repeated_divergence(self, resume_step: int | None) -> None:
+        """After a torchelastic restart, stop at once when the attempt before this one diverged
+        from the same checkpoint step (``resume_step``, None: fresh start), at the same world size
+        and with the same configuration: resuming would replay the same steps into the same
+        divergence (a resume at equal world size is bit-identical). A first launch always trains.
+        Every rank takes part in the all-reduce, so all of them stop or none.
+
+        Raises:
+            Diverged: with the step, loss and gradient norm of the recorded divergence.
+        """
+        env, previous = self.env, None
+        if env.restart_count > 0 and self.metrics and self.metrics.path.exists():
+            failures = [r for r in read_jsonl(self.metrics.path) if r.get("event") == "failure"]
+            last = failures[-1] if failures else {}
+            if (last.get("cause") == "divergence" and last.get("restart_count") == env.restart_count - 1
+                    and last.get("world_size") == env.world_size
+                    and last.get("resumed_from_step", -1) == resume_step
+                    and last.get("config_sha256") == self.config_sha256()):
+                previous = last
+        if all_reduce_scalar(float(previous is not None), "max") == 0:
+            return
+        previous = previous or {}
+        failed = previous.get("failed_step", previous.get("step", resume_step or 0))
+        loss, grad_norm = previous.get("loss"), previous.get("grad_norm")
+        raise Diverged(failed, f"restart {env.restart_count} would repeat it: restart "
+                       f"{env.restart_count - 1} diverged there from the same checkpoint (step "
+                       f"{resume_step or 0}), world size and settings",
+                       float("nan") if loss is None else loss,
+                       float("nan") if grad_norm is None else grad_norm)
 
     def _refuse_silent_fresh_start(self, none_agreed: bool, local: Any) -> None:
         """Checkpoints exist somewhere but none is valid: stop, unless ``allow_fresh_start``.
@@ -610,8 +648,9 @@ class Trainer:
         else:
             code, cause = EXIT_FAILED, "error"
         saved = self.emergency_save(exc)
-        extra = ({"loss": exc.loss, "grad_norm": exc.grad_norm, "failed_step": exc.step}
-                 if isinstance(exc, Diverged) else {})
+        extra = ({"loss": exc.loss, "grad_norm": exc.grad_norm, "failed_step": exc.step,
+                  "resumed_from_step": getattr(self, "resumed_from", None),
+                  "config_sha256": self.config_sha256()} if isinstance(exc, Diverged) else {})
         if self.metrics:
             with contextlib.suppress(OutputError):
                 self.metrics.write("failure", step=self.step, error=f"{type(exc).__name__}: {exc}",
@@ -690,15 +729,33 @@ def main(argv: list[str] | None = None) -> int:
     return run(cfg, env)
 
 
-def cli() -> None:
+def cli(argv: list[str] | None = None) -> None:
     """Console-script entry: run :func:`main` and exit with its code."""
-    code = main()
+    code = main(argv)
     sys.stdout.flush()
     sys.stderr.flush()
     if code != EXIT_OK and dist.is_initialized():
         # A peer is gone: tearing the process group down can block; leave without it.
         os._exit(code)
     sys.exit(code)
+
+
+def worker(*argv: str) -> None:
+    """Function entrypoint of a worker forked from ``ddplab.agent`` (torchrun ``--start-method
+    fork``): the process already holds torch and this package, so a (re)start skips the imports.
+
+    ``argv`` are the arguments after ``-m ddplab.train``. The signal dispositions the agent set
+    for itself (torchelastic turns SIGTERM/SIGINT/SIGHUP/SIGQUIT into an exception in the agent)
+    are put back to a new interpreter's before anything runs; :class:`SignalGuard` then installs
+    its own as on the command path. Torchrun's environment (RANK, WORLD_SIZE, ...) is set by the
+    agent in this process before the call and read only here, never at import. Exits the process
+    with :func:`main`'s code (SystemExit, or ``os._exit`` after a failed collective).
+    """
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.argv = [sys.argv[0], *argv]
+    cli(list(argv))
 
 
 if __name__ == "__main__":
