@@ -87,6 +87,8 @@ LAB_SSH_DIR = STATE_DIR / "ssh"
 KEY_NAME = "id_ed25519"
 KNOWN_HOSTS_NAME = "known_hosts"
 SSH_READY_TIMEOUT_S = 60
+# Ansible's SSH control sockets (ansible.cfg: control_path_dir, control_path = %(directory)s/%%C).
+SSH_CONTROL_PATH = "/tmp/ddp-lab-ssh/%C"
 
 
 class LabError(Exception):
@@ -781,6 +783,17 @@ def cmd_up(_args: argparse.Namespace | None = None) -> None:
     )
 
 
+def close_ssh_master(address: str) -> bool:
+    """End Ansible's persistent SSH connection to ``address`` (as ``ADMIN_USER``) if there is one:
+    a master left behind by a removed container would hold its address until ServerAlive gives up
+    (15 s), and a node made again at that address would first be unreachable. True when one ended."""
+    if shutil.which("ssh") is None:
+        return False
+    argv = ["ssh", "-F", "none", "-o", f"ControlPath={SSH_CONTROL_PATH}", "-l", ADMIN_USER, "-O", "exit"]
+    argv.append(address)
+    return subprocess.run(argv, capture_output=True, timeout=30, check=False).returncode == 0
+
+
 def cmd_down(_args: argparse.Namespace | None = None) -> None:
     changed: list[str] = []
     for name in NODES:
@@ -790,6 +803,9 @@ def cmd_down(_args: argparse.Namespace | None = None) -> None:
         if state.get("Config", {}).get("Labels", {}).get(LABEL) != "1":
             log(f"leaving {name} alone: it is not a ddp-lab node")
             continue
+        for net in (state.get("NetworkSettings", {}).get("Networks") or {}).values():
+            if net.get("IPAddress") and close_ssh_master(net["IPAddress"]):
+                changed.append(f"{name}: Ansible's SSH connection closed")
         podman("rm", "--force", "--time", "10", name)
         changed.append(f"{name} removed")
     if podman("network", "exists", NETWORK, check=False).returncode == 0:
