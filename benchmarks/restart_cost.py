@@ -11,12 +11,17 @@ workers from itself, torch already imported). For each:
 * ``recovered_s``: from the SIGKILL of rank 1 to rank 0's first ``step`` record of the next
   restart (``restart_count`` one higher): detection (``--monitor-interval``), the survivor's
   emergency checkpoint, the new workers' start, rendezvous, checkpoint agreement, one step.
-  ``--kills`` of them per run (median reported, all listed).
+  ``--kills`` of them per run (median reported, all listed);
+* ``kill_agent_s`` (``--kill-agent``, off by default): two agents as two "laptops" (``--nnodes 1:2``,
+  one worker each, c10d on a supervised ``ddplab.controller.rdzv_store``, ddp-lab's rendezvous
+  settings, the start barrier): SIGKILL of agent B's whole process tree (``kill-agent``) → agent
+  A's first ``step`` record at world size 1. This adds the rendezvous round (dead keep-alive
+  3 s, last call 3 s) that the single-agent figure has not. ``--kills`` fresh trials each.
 
 Times are the metrics records' ``time`` fields (unix s) and ``time.time()`` here; the load average
 (``os.getloadavg()``) is sampled beside every figure. Not a test: figures for docs/faults.md.
 
-Usage: .venv/bin/python benchmarks/restart_cost.py [--kills 3] [--data PATH] [--json out.json]
+Usage: .venv/bin/python benchmarks/restart_cost.py [--kills 3] [--kill-agent] [--data PATH] [--json out.json]
 """
 
 from __future__ import annotations
@@ -26,32 +31,41 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
+
+import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "train"))
 
+from ddplab.controller import rdzv_store  # noqa: E402
 from ddplab.metrics import read_jsonl  # noqa: E402
 
 DEFAULT_DATA = os.environ.get("DDP_LAB_DATA") or str(REPO.parent / "shared/data/tinyshakespeare/input.txt")
 START_METHODS = ("spawn", "fork")
+#: ddp-lab's rendezvous settings (roles/ddp_job defaults; docs/rendezvous.md).
+RDZV_CONF = ("is_host=false,join_timeout=120,last_call_timeout=3,close_timeout=10,keep_alive_interval=1,"
+             "keep_alive_max_attempt=3")
 
 
 def agent_cmd(start_method: str, out_dir: Path, data: Path, max_restarts: int, max_steps: int,
-              extra: list[str] = ()) -> list[str]:
-    """``python -m ddplab.agent --standalone`` with 2 local workers of the tiny preset."""
-    return [sys.executable, "-m", "ddplab.agent", "--standalone", "--nnodes", "1",
-            "--nproc-per-node", "2", "--max-restarts", str(max_restarts), "--monitor-interval", "0.1",
+              launch: list[str] = ("--standalone", "--nnodes", "1", "--nproc-per-node", "2",
+                                   "--monitor-interval", "0.1")) -> list[str]:
+    """``python -m ddplab.agent <launch>`` (default: ``--standalone`` with 2 local workers) of
+    the tiny preset."""
+    return [sys.executable, "-m", "ddplab.agent", *launch, "--max-restarts", str(max_restarts),
             "--start-method", start_method, "--log-dir", str(out_dir / "logs"), "--tee", "3",
             "-m", "ddplab.train", "--preset", "tiny", "--out-dir", str(out_dir),
             "--data-path", str(data), "--data-url", "null", "--max-steps", str(max_steps),
             "--warmup-steps", "5", "--eval-interval", "100000", "--ckpt-interval", "100000",
-            "--log-interval", "1", "--sample-chars", "0", "--threads", "1", *extra]
+            "--log-interval", "1", "--sample-chars", "0", "--threads", "1"]
 
 
 def agent_env() -> dict[str, str]:
@@ -96,6 +110,50 @@ def worker_pid(out_dir: Path, local_rank: int, restart_count: int) -> int | None
     return starts[-1]["pid"] if starts else None
 
 
+def steps_at_world(out_dir: Path, world_size: int, after: float) -> list[dict]:
+    """Rank-0-of-this-agent ``step`` records at ``world_size`` written after ``after``."""
+    return [r for r in records(out_dir, 0)
+            if r["event"] == "step" and r["world_size"] == world_size and r["time"] > after]
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and all its descendants (the workers may sit in sessions of their own)."""
+    with contextlib.suppress(psutil.NoSuchProcess):
+        family = psutil.Process(pid).children(recursive=True) + [psutil.Process(pid)]
+        for proc in family:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+
+
+def measure_kill_agent(start_method: str, data: Path, work: Path, timeout_s: float = 180) -> dict:
+    """One kill-agent trial: store + agents A and B, B's tree SIGKILLed once A logged step 5 at
+    world size 2; returns ``recovered_s`` (until A's first step at world size 1) and the load."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    token = uuid.uuid4().hex[:8]
+    rdzv_store.start("127.0.0.1", port, work / "store", wait_s=60)
+    env = dict(agent_env(), DDPLAB_AGENT_BARRIER=token, DDPLAB_AGENT_BARRIER_NODES="2")
+    launch = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+              f"127.0.0.1:{port}", "--rdzv-id", "bench-" + token, "--rdzv-conf", RDZV_CONF,
+              "--local-addr", "127.0.0.1", "--monitor-interval", "1"]
+    agents = [subprocess.Popen(agent_cmd(start_method, work / name, data, 3, 100000, launch), env=env,
+                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True) for name in ("a", "b")]
+    try:
+        wait_for(agents[0], "step 5 at world size 2",
+                 lambda: [r for r in steps_at_world(work / "a", 2, 0) if r["step"] >= 5], timeout_s)
+        t_kill = time.time()
+        kill_tree(agents[1].pid)
+        step = wait_for(agents[0], "a step at world size 1",
+                        lambda: steps_at_world(work / "a", 1, t_kill), timeout_s)[0]
+        return {"recovered_s": step["time"] - t_kill, "load": os.getloadavg()[0]}
+    finally:
+        for agent in agents:
+            stop(agent)
+        rdzv_store.stop(port, work / "store")
+
+
 def stop(proc: subprocess.Popen) -> None:
     """SIGTERM the agent's session (the agent stops its workers), SIGKILL after 30 s."""
     with contextlib.suppress(ProcessLookupError):
@@ -135,19 +193,32 @@ def measure(start_method: str, data: Path, kills: int, work: Path, steps_between
     return result
 
 
+def _figures(trials: list[dict]) -> str:
+    """``median s | each | loads`` cells of a list of ``recovered_s``/``load`` trials."""
+    med = statistics.median(x["recovered_s"] for x in trials)
+    each = ", ".join(f"{x['recovered_s']:.2f}" for x in trials)
+    loads = ", ".join(f"{x['load']:.1f}" for x in trials)
+    return f"{med:.2f} s | {each} | {loads}"
+
+
 def table(results: list[dict]) -> str:
-    """Markdown table: one row per start method (median of the recoveries, every one listed)."""
-    lines = ["| workers | first start → first step | load | kill rank 1 → first step after "
-             "restart (median) | each | load |", "|---|---|---|---|---|---|"]
+    """Markdown table: one row per start method (medians, every trial listed)."""
+    kill_agent = any(r.get("kill_agent") for r in results)
+    head = ("| workers | first start → first step | load | kill rank 1 → first step after restart "
+            "(median) | each | load |")
+    rule = "|---|---|---|---|---|---|"
+    if kill_agent:
+        head += " kill-agent (2 agents) → first step at world size 1 (median) | each | load |"
+        rule += "---|---|---|"
+    lines = [head, rule]
     for r in results:
-        rec = r["recoveries"]
-        med = statistics.median(x["recovered_s"] for x in rec)
-        each = ", ".join(f"{x['recovered_s']:.2f}" for x in rec)
-        loads = ", ".join(f"{x['load']:.1f}" for x in rec)
         how = {"spawn": "new interpreter (`-m ddplab.train`, spawn)",
                "fork": "forked from the agent (fork)"}.get(r["start_method"], r["start_method"])
-        lines.append(f"| {how} | {r['first_step_s']:.2f} s | {r['first_step_load']:.1f} | "
-                     f"{med:.2f} s | {each} | {loads} |")
+        row = (f"| {how} | {r['first_step_s']:.2f} s | {r['first_step_load']:.1f} | "
+               f"{_figures(r['recoveries'])} |")
+        if kill_agent:
+            row += f" {_figures(r['kill_agent'])} |"
+        lines.append(row)
     return "\n".join(lines)
 
 
@@ -155,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=3, help="SIGKILLs (restarts) per start method")
     parser.add_argument("--data", type=Path, default=Path(DEFAULT_DATA), help="tiny-shakespeare input.txt")
+    parser.add_argument("--kill-agent", action="store_true",
+                        help="also time kill-agent with two agents around a rendezvous store")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
     args = parser.parse_args(argv)
     if not args.data.is_file():
@@ -163,6 +236,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--kills must be >= 1")
     with tempfile.TemporaryDirectory(prefix="restart-cost-") as tmp:
         results = [measure(method, args.data, args.kills, Path(tmp)) for method in START_METHODS]
+        if args.kill_agent:  # alternating, so that a change of load hits both
+            for trial in range(args.kills):
+                for r in results:
+                    work = Path(tmp) / f"kill-agent-{r['start_method']}-{trial}"
+                    r.setdefault("kill_agent", []).append(
+                        measure_kill_agent(r["start_method"], args.data, work))
     print(table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")

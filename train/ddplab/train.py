@@ -744,16 +744,16 @@ def worker(*argv: str) -> None:
     """Function entrypoint of a worker forked from ``ddplab.agent`` (torchrun ``--start-method
     fork``): the process already holds torch and this package, so a (re)start skips the imports.
 
-    ``argv`` are the arguments after ``-m ddplab.train``. The signal dispositions the agent set
-    for itself (torchelastic turns SIGTERM/SIGINT/SIGHUP/SIGQUIT into an exception in the agent)
-    are put back to a new interpreter's before anything runs; :class:`SignalGuard` then installs
-    its own as on the command path. Torchrun's environment (RANK, WORLD_SIZE, ...) is set by the
+    ``argv`` are the arguments after ``-m ddplab.train``. The signal handlers the agent set for
+    itself (torchelastic turns SIGTERM/SIGINT/SIGHUP/SIGQUIT into an exception in the agent) are
+    reset to the default action before anything runs, so a signal before :class:`SignalGuard`
+    installs its own ends the worker as a failure (SIGINT too: torch's process wrapper would turn
+    a KeyboardInterrupt into exit 0). Torchrun's environment (RANK, WORLD_SIZE, ...) is set by the
     agent in this process before the call and read only here, never at import. Exits the process
     with :func:`main`'s code (SystemExit, or ``os._exit`` after a failed collective).
     """
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.argv = [sys.argv[0], *argv]
     cli(list(argv))
 
