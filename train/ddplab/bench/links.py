@@ -36,39 +36,35 @@ from ddplab.bench.allreduce import MB
 from ddplab.bench.worker import EXIT_BAD_INPUT, append_record, gather_hosts, run
 
 
-def _ping_pong(dist, torch, me: int, peer: int, first: bool, repeats: int) -> list[float]:
-    """Round trips (s) of a 1-element tensor; timed on the ``first`` side, the other echoes."""
-    t = torch.zeros(1, dtype=torch.float32)
+def _exchange(dist, out, back, peer: int, timed: bool, repeats: int, warmup: int) -> list[float]:
+    """``warmup`` untimed then ``repeats`` timed exchanges with ``peer``: the ``timed`` side sends
+    ``out`` and waits for ``back``, the other side receives ``out`` and answers with ``back``.
+    Returns the round-trip times (s) on the timed side, [] on the other."""
     times = []
-    for i in range(repeats + 3):
-        if first:
+    for i in range(warmup + repeats):
+        if timed:
             t0 = time.perf_counter()
-            dist.send(t, peer)
-            dist.recv(t, peer)
-            if i >= 3:
+            dist.send(out, peer)
+            dist.recv(back, peer)
+            if i >= warmup:
                 times.append(time.perf_counter() - t0)
         else:
-            dist.recv(t, peer)
-            dist.send(t, peer)
+            dist.recv(out, peer)
+            dist.send(back, peer)
     return times
+
+
+def _ping_pong(dist, torch, peer: int, first: bool, repeats: int) -> list[float]:
+    """Round trips (s) of a 1-element tensor (3 untimed first); timed on the ``first`` side."""
+    t = torch.zeros(1, dtype=torch.float32)
+    return _exchange(dist, t, t, peer, first, repeats, warmup=3)
 
 
 def _transfer(dist, torch, me: int, src: int, dst: int, nbytes: int, repeats: int) -> list[float]:
     """Times (s, on the sender) of ``nbytes`` src -> dst plus a 4-byte ack; empty list on dst."""
     buf = torch.ones(nbytes // 4, dtype=torch.float32)
     ack = torch.zeros(1, dtype=torch.float32)
-    times = []
-    for i in range(repeats + 1):
-        if me == src:
-            t0 = time.perf_counter()
-            dist.send(buf, dst)
-            dist.recv(ack, dst)
-            if i >= 1:
-                times.append(time.perf_counter() - t0)
-        else:
-            dist.recv(buf, src)
-            dist.send(ack, src)
-    return times
+    return _exchange(dist, buf, ack, dst if me == src else src, me == src, repeats, warmup=1)
 
 
 def measure_links(dist, torch, nbytes: int, repeats: int, rtt_repeats: int) -> dict | None:
@@ -83,7 +79,7 @@ def measure_links(dist, torch, nbytes: int, repeats: int, rtt_repeats: int) -> d
         if rank not in (a, b):
             continue
         peer = b if rank == a else a
-        rtts = _ping_pong(dist, torch, rank, peer, rank == a, rtt_repeats)
+        rtts = _ping_pong(dist, torch, peer, rank == a, rtt_repeats)
         if rtts:
             mine["rtt"][(a, b)] = statistics.median(rtts) * 1e3
         for src, dst in ((a, b), (b, a)):

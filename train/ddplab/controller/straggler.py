@@ -219,20 +219,15 @@ def detect_stragglers(
     return findings
 
 
-def live_stragglers(
-    records: Iterable[Record],
-    margin: float = DEFAULT_MARGIN,
-    window: int = DEFAULT_WINDOW,
-    clock_drop: float = DEFAULT_CLOCK_DROP,
-    clock_quantile: float = DEFAULT_CLOCK_QUANTILE,
-) -> list[StragglerFinding]:
+def live_stragglers(records: Iterable[Record], **params: Any) -> list[StragglerFinding]:
     """The findings still going on at each worker's latest record: for a live progress display.
 
     Pass the records read so far (all of them, or at least several windows' worth: the clock
-    rule needs enough history to know the node's nominal clock). Same parameters and errors as
-    :func:`detect_stragglers`.
+    rule needs enough history to know the node's nominal clock). ``params``: the keyword
+    parameters of :func:`detect_stragglers` (margin, window, clock_drop, clock_quantile), same
+    errors.
     """
-    return [f for f in detect_stragglers(records, margin, window, clock_drop, clock_quantile) if f.active]
+    return [f for f in detect_stragglers(records, **params) if f.active]
 
 
 def format_finding(f: StragglerFinding) -> str:
