@@ -1,0 +1,196 @@
+"""reset.yml: refused without -e reset_confirm=yes before any node is contacted; --check lists what
+it would remove and changes nothing (a local "laptop" whose provisioned files live in a temporary
+tree, a fake systemctl); the snapshot comparison molecule/reset uses (molecule/resources/snapshot.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+PLAYBOOK = shutil.which("ansible-playbook", path=str(BIN)) or shutil.which("ansible-playbook")
+needs_ansible = pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
+
+FAKE_SYSTEMCTL = """#!/bin/sh
+# Every unit is unknown: nothing to stop, reload or unmask.
+echo "$*" >> "$FAKE_SYSTEMCTL_LOG"
+[ "$1" = show ] && { echo "LoadState=not-found"; echo "ActiveState=inactive"; exit 0; }
+exit 0
+"""
+
+
+def _spec():
+    spec = importlib.util.spec_from_file_location("snapshot", ROOT / "molecule/resources/snapshot.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+snapshot = _spec()
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    fakebin = tmp_path / "bin"
+    fakebin.mkdir()
+    (fakebin / "systemctl").write_text(FAKE_SYSTEMCTL)
+    (fakebin / "systemctl").chmod(0o755)
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"), ANSIBLE_HOME=str(tmp_path / "home"),
+               FAKE_SYSTEMCTL_LOG=str(tmp_path / "systemctl.log"))
+    env["PATH"] = f"{fakebin}:{BIN}:{env.get('PATH', '')}"
+    return env
+
+
+def _play(tmp_path: Path, inventory: dict, *args: str, env: dict | None = None
+          ) -> subprocess.CompletedProcess:
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(json.dumps(inventory))
+    return subprocess.run([PLAYBOOK, "-i", str(inv), str(ROOT / "reset.yml"), *args], capture_output=True,
+                          text=True, env={**_env(tmp_path), **(env or {})}, timeout=300, cwd=ROOT)
+
+
+UNREACHABLE = {"all": {"children": {
+    "trainers": {"hosts": {"laptop-off": {
+        "ansible_host": "192.0.2.1", "ansible_connection": "ssh",
+        "ansible_ssh_common_args": "-o ConnectTimeout=2 -o ControlMaster=no"}}},
+    "rendezvous": {"hosts": {"controller-off": {"ansible_host": "192.0.2.2", "ansible_connection": "ssh"}}},
+}}}
+
+
+@needs_ansible
+@pytest.mark.parametrize("extra", [[], ["-e", "reset_confirm=no"], ["-e", "reset_confirm="]])
+def test_refused_without_confirmation_before_any_node_is_contacted(tmp_path, extra):
+    r = _play(tmp_path, UNREACHABLE, *extra)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    assert "run again with -e reset_confirm=yes" in out, out
+    assert "UNREACHABLE" not in out and "192.0.2" not in out, out  # no node was contacted
+    assert "laptop-off" not in out, out
+
+
+def _provisioned_tree(tmp_path: Path) -> tuple[dict, dict[str, Path]]:
+    """A local trainer whose provisioned files live under tmp_path/node; returns the inventory and
+    the paths the reset must list."""
+    n = tmp_path / "node"
+    paths = {
+        "fact": n / "etc/ansible/facts.d/ddp_lab.fact",
+        "logind": n / "etc/systemd/logind.conf.d/zz-ddp-lab-power.conf",
+        "logind_old": n / "etc/systemd/logind.conf.d/ddp-lab-power.conf",
+        "nm": n / "etc/NetworkManager/conf.d/zz-ddp-lab-wifi-powersave.conf",
+        "nm_old": n / "etc/NetworkManager/conf.d/ddp-lab-wifi-powersave.conf",
+        "venv": n / "opt/ddp-lab/venv",
+        "wheelhouse": n / "opt/ddp-lab/wheelhouse",
+        "state": n / "var/lib/ddp-lab",
+        "src": n / "opt/ddp-lab/src",
+    }
+    for key, p in paths.items():
+        if key in ("venv", "wheelhouse", "state", "src"):
+            (p / "keep").mkdir(parents=True)
+        else:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text("x\n")
+    (n / "etc/NetworkManager/conf.d/default-wifi-powersave-on.conf").write_text("[connection]\n")
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+             "ansible_become_method": "su"}
+    inv = {"all": {"children": {
+        "trainers": {"hosts": {"laptop-a": {
+            **local,
+            "ddp_job_user": "ddp-reset-test-nouser", "python_env_user": "ddp-reset-test-nouser",
+            "ddp_job_base_dir": str(paths["state"]), "ddp_job_src_dir": str(paths["src"]),
+            "python_env_prefix": str(paths["venv"]),
+            "python_env_node_wheelhouse_dir": str(paths["wheelhouse"]),
+            "power_logind_dropin": str(paths["logind"]), "power_sleep_targets": [],
+            "wifi_powersave_nm_dropin": str(paths["nm"]), "wired_network_fact_file": str(paths["fact"]),
+            "cpu_governor_unit": "ddp-reset-test-none.service", "cpu_governor_conflicting_units": [],
+            "firewall_ufw_conf": str(n / "etc/ufw/ufw.conf")}}},
+        "rendezvous": {"hosts": {"controller": {
+            **local, "rendezvous_address": "127.0.0.1", "rendezvous_port": 29498,
+            "rendezvous_state_dir": str(tmp_path / "rdzv"),
+            "firewall_ufw_conf": str(n / "etc/ufw/ufw.conf")}}},
+    }}}
+    return inv, paths
+
+
+def _would_remove(json_out: str, host: str) -> list[str]:
+    """The paths of the changed file tasks of ``host`` in ansible.posix.json's output."""
+    out = []
+    for play in json.loads(json_out)["plays"]:
+        for task in play["tasks"]:
+            res = task["hosts"].get(host, {})
+            for r in res.get("results", [res]):
+                if r.get("changed") and r.get("path"):
+                    out.append(r["path"])
+    return out
+
+
+@needs_ansible
+def test_check_lists_what_it_would_remove_and_changes_nothing(tmp_path):
+    inv, paths = _provisioned_tree(tmp_path)
+    before = sorted(str(p) for p in (tmp_path / "node").rglob("*"))
+    env_json = {"ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json", "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.json"}
+    r = _play(tmp_path, inv, "--check", env=env_json)  # no confirmation needed to list
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    listed = _would_remove(r.stdout, "laptop-a")
+    expected = [str(p) for p in paths.values()] + [
+        str(tmp_path / "node/etc/ansible/facts.d"), str(tmp_path / "node/etc/ansible"),
+        str(tmp_path / "node/etc/systemd/logind.conf.d")]
+    assert sorted(set(listed)) == sorted(expected), listed
+    # a folder that holds something else stays (NetworkManager's conf.d, the state's parent)
+    assert str(tmp_path / "node/etc/NetworkManager/conf.d") not in listed
+    assert "would be reset (--check: nothing changed" in r.stdout
+    assert sorted(str(p) for p in (tmp_path / "node").rglob("*")) == before  # nothing removed
+    log = (tmp_path / "systemctl.log").read_text() if (tmp_path / "systemctl.log").exists() else ""
+    assert not re.search(r"^(stop|reload|restart|reset-failed|unmask|disable)", log, re.M), log
+
+
+def test_compare_finds_what_a_reset_left_and_ignores_new_packages_files():
+    before = {"files": {"/etc": ["dir", 0o755, 0, 0, None], "/etc/hosts": ["file", 0o644, 0, 0, "aa"]},
+              "users": ["root"], "groups": ["root:"], "unit_files": {"sleep.target": "static"},
+              "transient_units": [], "iptables": {"iptables-save": ["*filter"]}, "governors": {},
+              "packages": ["base"], "package_files": {"/etc/hosts": "base"}}
+    after = json.loads(json.dumps(before))
+    assert snapshot.compare(before, after) == ([], [])
+    after["files"]["/etc/acl.conf"] = ["file", 0o644, 0, 0, "bb"]  # owned by a package installed since
+    after["package_files"]["/etc/acl.conf"] = "acl"
+    after["packages"].append("acl")
+    assert snapshot.compare(before, after) == ([], ["acl"])
+    after["files"]["/etc/hosts"][4] = "cc"
+    after["files"]["/etc/ansible"] = ["dir", 0o755, 0, 0, None]
+    after["users"].append("ddp")
+    after["unit_files"]["sleep.target"] = "masked"
+    after["transient_units"].append("ddp-lab-agent.service")
+    diffs, pkgs = snapshot.compare(before, after)
+    assert pkgs == ["acl"]
+    assert diffs == [
+        "file: /etc/ansible: None -> ['dir', 493, 0, 0, None]",
+        "file: /etc/hosts: ['file', 420, 0, 0, 'aa'] -> ['file', 420, 0, 0, 'cc']",
+        "users: added ddp",
+        "transient_units: added ddp-lab-agent.service",
+        "unit file: sleep.target: static -> masked",
+    ]
+    del after["packages"][0]
+    assert "packages: removed base" in snapshot.compare(before, after)[0]
+
+
+def test_take_scans_a_tree_and_skips_churn(tmp_path, monkeypatch):
+    (tmp_path / "etc/ansible").mkdir(parents=True)
+    (tmp_path / "etc/ansible/x.fact").write_text("{}")
+    (tmp_path / "etc/ld.so.cache").write_text("churn")
+    (tmp_path / "etc/link").symlink_to("ansible")
+    monkeypatch.setattr(snapshot, "ROOTS", (str(tmp_path / "etc"),))
+    monkeypatch.setattr(snapshot, "IGNORE", ("*/ld.so.cache",))
+    files = snapshot._files()
+    assert files[str(tmp_path / "etc/link")][0::4] == ["link", "ansible"]
+    assert files[str(tmp_path / "etc/ansible")][0] == "dir"
+    assert files[str(tmp_path / "etc/ansible/x.fact")][4] == (
+        "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a")
+    assert str(tmp_path / "etc/ld.so.cache") not in files
