@@ -21,7 +21,7 @@ export CONTAINERS_CONF := $(LAB_CONTAINERS_CONF)
 endif
 LAB := $(PYTHON) lab/lab.py
 
-.PHONY: help deps venv image lab-up lab-down lab-status demo test test-unit lint molecule doctor status logs stop report bench clean
+.PHONY: help deps venv image lab-up lab-down lab-status demo test test-unit lint molecule doctor status logs stop reset report bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -104,6 +104,9 @@ logs: venv ## a laptop's agent journal and worker stderr: make logs NODE=laptop-
 
 stop: venv ## end a running job everywhere
 	ansible-playbook -i $(INVENTORY) stop.yml
+
+reset: venv ## give the laptops back as before provisioning: make reset CONFIRM=yes (without: --check, lists only)
+	ansible-playbook -i $(INVENTORY) reset.yml $(if $(filter yes,$(CONFIRM)),-e reset_confirm=yes,--check)
 
 report: venv ## (re)build the report of runs/current (RUN=runs/<run_id> for another)
 	PYTHONPATH=train python -m ddplab.controller.report $(or $(RUN),runs/current)

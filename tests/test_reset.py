@@ -136,7 +136,8 @@ def _would_remove(json_out: str, host: str) -> list[str]:
 def test_check_lists_what_it_would_remove_and_changes_nothing(tmp_path):
     inv, paths = _provisioned_tree(tmp_path)
     before = sorted(str(p) for p in (tmp_path / "node").rglob("*"))
-    env_json = {"ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json", "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.json"}
+    env_json = {"ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
+                "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.json"}
     r = _play(tmp_path, inv, "--check", env=env_json)  # no confirmation needed to list
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
     listed = _would_remove(r.stdout, "laptop-a")
@@ -194,3 +195,15 @@ def test_take_scans_a_tree_and_skips_churn(tmp_path, monkeypatch):
     assert files[str(tmp_path / "etc/ansible/x.fact")][4] == (
         "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a")
     assert str(tmp_path / "etc/ld.so.cache") not in files
+
+
+def test_an_empty_accept_table_counts_as_no_table():
+    empty = ("# Generated\n*filter\n:INPUT ACCEPT [3:180]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [1:60]\n"
+             "COMMIT\n")
+    assert snapshot.rules_of(empty) == []
+    assert snapshot.rules_of("") == []
+    rule = "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -p tcp --dport 29400 -j ACCEPT\nCOMMIT\n"
+    assert snapshot.rules_of(empty + rule) == [
+        "*filter", ":INPUT ACCEPT", "-A INPUT -p tcp --dport 29400 -j ACCEPT", "COMMIT"]
+    assert snapshot.rules_of("*filter\n:INPUT ACCEPT [0:0]\n:ddp - [0:0]\nCOMMIT\n") != []  # a new chain
+    assert snapshot.rules_of("*filter\n:INPUT DROP [0:0]\nCOMMIT\n") == ["*filter", ":INPUT DROP", "COMMIT"]

@@ -130,14 +130,30 @@ def _units() -> tuple[dict[str, str], list[str]]:
     return files, sorted(loaded)
 
 
+def rules_of(save_text: str) -> list[str]:
+    """The lines of an iptables-save output that make a difference: comments and packet counters
+    dropped, and so is a table that holds only built-in chains with policy ACCEPT and no rule
+    (the kernel creates it when a tool first lists it, e.g. ufw; it filters nothing, as no table)."""
+    out: list[str] = []
+    table: list[str] = []
+    for ln in save_text.splitlines():
+        if not ln or ln.startswith("#"):
+            continue
+        table.append(ln.split(" [")[0] if ln.startswith(":") else ln)
+        if ln == "COMMIT":
+            if any(not (x.startswith(("*", ":")) or x == "COMMIT") or
+                   (x.startswith(":") and x.split()[1] != "ACCEPT") for x in table):
+                out += table
+            table = []
+    return out + table
+
+
 def _iptables() -> dict[str, list[str] | None]:
-    """Rules of iptables-save and ip6tables-save, comments and packet counters dropped."""
+    """Rules of iptables-save and ip6tables-save (rules_of); None where the tool is missing."""
     out: dict[str, list[str] | None] = {}
     for tool in ("iptables-save", "ip6tables-save"):
         text = _run([tool])
-        out[tool] = None if text is None else [
-            (ln.split(" [")[0] if ln.startswith(":") else ln)
-            for ln in text.splitlines() if ln and not ln.startswith("#")]
+        out[tool] = None if text is None else rules_of(text)
     return out
 
 
