@@ -21,13 +21,16 @@ export CONTAINERS_CONF := $(LAB_CONTAINERS_CONF)
 endif
 LAB := $(PYTHON) lab/lab.py
 
-.PHONY: help deps venv image lab-up lab-down lab-status demo test test-unit lint molecule doctor status logs stop reset report bench clean
+.PHONY: help deps deps-test venv image lab-up lab-down lab-status demo test test-unit lint molecule doctor status logs stop reset report bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 deps: ## install the host packages the lab needs (podman, runc, debootstrap, ...) when missing
 	lab/host-deps.sh
+
+deps-test: ## deps, plus what the tests run on the controller (network-manager's --print-config)
+	lab/host-deps.sh --test
 
 $(VENV)/.done: requirements.txt requirements-torch.txt
 	$(PYTHON) -m venv $(VENV)
@@ -64,7 +67,7 @@ demo: lab-up ## the main job: bring up the lab, run site.yml end to end, print t
 # both are done. TEST_PARALLEL=0 runs them one after the other.
 TEST_PARALLEL ?= 1
 
-test: deps venv image ## everything CI runs: unit tests, linters, molecule scenarios
+test: deps-test venv image ## everything CI runs: unit tests, linters, molecule scenarios
 ifeq ($(TEST_PARALLEL),0)
 	$(MAKE) test-unit lint molecule
 else

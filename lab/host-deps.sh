@@ -2,10 +2,19 @@
 # Install the host packages the built-in lab needs, only those missing: podman (containers), runc
 # (a runtime that works where crun does not), debootstrap (the offline base image), iptables and
 # iproute2 (podman networking, fault injection), python3 + python3-venv (lab/lab.py, the controller
-# venv), openssh-client (Ansible reaches the lab nodes over SSH; ssh-keygen makes the lab's key). Idempotent: prints "nothing to install" when everything is there. Debian/Ubuntu (apt), root.
+# venv), openssh-client (Ansible reaches the lab nodes over SSH; ssh-keygen makes the lab's key).
+# `--test` adds what the tests run on the controller: network-manager (tests/test_dropins.py runs
+# the real `NetworkManager --print-config` on folders of its own; Debian leaves the host's
+# ifupdown interfaces unmanaged, and the tests never start the daemon). Idempotent: prints
+# "nothing to install" when everything is there. Debian/Ubuntu (apt), root.
 set -euo pipefail
 
 packages=(podman runc debootstrap iptables iproute2 python3 python3-venv openssh-client)
+case "${1:-}" in
+    --test) packages+=(network-manager) ;;
+    "") ;;
+    *) echo "host-deps: error: unknown argument '$1' (usage: lab/host-deps.sh [--test])" >&2; exit 2 ;;
+esac
 
 missing=()
 for pkg in "${packages[@]}"; do
