@@ -832,6 +832,30 @@ def cmd_access(args: argparse.Namespace) -> None:
     )
 
 
+def cmd_network(args: argparse.Namespace) -> None:
+    """Make the podman network ``args.name`` with the IPv4 subnet ``args.subnet`` unless it exists.
+
+    The molecule scenarios give their nodes fixed addresses in it (a powered-off node keeps its
+    address); the podman driver only makes a network with a subnet of podman's choosing.
+
+    Raises:
+        LabError: the network exists with another subnet.
+    """
+    if podman("network", "exists", args.name, check=False).returncode != 0:
+        podman("network", "create", "--label", f"{LABEL}=1", "--subnet", args.subnet, args.name)
+        log(f"network {args.name} made with subnet {args.subnet}")
+        return
+    info = json.loads(out(podman("network", "inspect", args.name)))[0]
+    subnets = [s.get("subnet") for s in info.get("subnets") or []]
+    if args.subnet not in subnets:
+        have = ", ".join(map(str, subnets)) or "none"
+        raise LabError(
+            f"network {args.name} exists with subnet {have}, not {args.subnet}: "
+            f"remove it (podman network rm {args.name}) or choose another DDP_LAB_MOLECULE_NET"
+        )
+    log(f"network {args.name} ({args.subnet}): nothing changed")
+
+
 def cmd_status(_args: argparse.Namespace | None = None) -> None:
     want = recipe_hash()
     have = image_label(NODE_IMAGE, RECIPE_LABEL)
@@ -867,6 +891,7 @@ def main(argv: list[str] | None = None) -> int:
         ("image", cmd_image, "build the node image (cached by recipe hash)"),
         ("up", cmd_up, "start the three lab laptops and write inventory/lab/hosts.yml"),
         ("access", cmd_access, "SSH access for given containers: key pair, sudo account, known_hosts"),
+        ("network", cmd_network, "make a podman network with a given subnet unless it exists"),
         ("down", cmd_down, "remove the lab containers, network, generated inventory and SSH state"),
         ("status", cmd_status, "show image, network and node states"),
         ("detect", cmd_detect, "container-runtime detection; prints the containers.conf path"),
@@ -877,6 +902,9 @@ def main(argv: list[str] | None = None) -> int:
         "--state-dir", required=True, help="folder of the key pair and known_hosts (created, mode 0700)"
     )
     access.add_argument("containers", nargs="+", metavar="CONTAINER", help="running node containers")
+    network = sub.choices["network"]
+    network.add_argument("name", help="the network's name")
+    network.add_argument("subnet", help="its IPv4 subnet, e.g. 10.89.211.0/24")
     args = parser.parse_args(argv)
     try:
         args.func(args)

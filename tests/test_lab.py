@@ -156,3 +156,39 @@ def test_node_addresses_are_fixed_host_numbers_of_the_lab_network(lab, monkeypat
     info[0]["subnets"] = [{"subnet": "10.89.3.0/29"}]
     with pytest.raises(lab.LabError, match="no IPv4 subnet with room"):
         lab.node_addresses()
+
+
+class FakeNetworks:
+    """podman stand-in for `network exists|create|inspect`: networks by name -> subnet."""
+
+    def __init__(self, **networks: str) -> None:
+        self.networks = dict(networks)
+        self.created: list[tuple[str, ...]] = []
+
+    def __call__(self, *args: str, check: bool = True, **_: object) -> subprocess.CompletedProcess:
+        verb, name = args[1], args[-1]
+        if verb == "exists":
+            return subprocess.CompletedProcess(args, 0 if name in self.networks else 1, b"")
+        if verb == "create":
+            self.created.append(args)
+            self.networks[name] = args[args.index("--subnet") + 1]
+            return subprocess.CompletedProcess(args, 0, b"")
+        info = [{"subnets": [{"subnet": self.networks[name]}]}]
+        return subprocess.CompletedProcess(args, 0, json.dumps(info).encode())
+
+
+def test_network_is_made_with_the_subnet_once(lab, monkeypatch):
+    fake = FakeNetworks()
+    monkeypatch.setattr(lab, "podman", fake)
+    assert lab.main(["network", "ddp-lab-mol", "10.89.211.0/24"]) == 0
+    assert lab.main(["network", "ddp-lab-mol", "10.89.211.0/24"]) == 0
+    assert len(fake.created) == 1 and fake.networks == {"ddp-lab-mol": "10.89.211.0/24"}
+
+
+def test_network_with_another_subnet_is_an_error(lab, monkeypatch, capsys):
+    fake = FakeNetworks(**{"ddp-lab-mol": "10.89.7.0/24"})
+    monkeypatch.setattr(lab, "podman", fake)
+    assert lab.main(["network", "ddp-lab-mol", "10.89.211.0/24"]) == 1
+    err = capsys.readouterr().err
+    assert "exists with subnet 10.89.7.0/24, not 10.89.211.0/24" in err and "DDP_LAB_MOLECULE_NET" in err
+    assert fake.created == []
