@@ -116,18 +116,23 @@ def register_bound_gloo(addr: str) -> str:
     return BOUND_GLOO_BACKEND
 
 
+def gloo_backend(env: DistEnv) -> str:
+    """The backend name for ``init_process_group``: gloo bound to ``env.gloo_addr``
+    (:func:`register_bound_gloo`) when the ddp_job role gave one, else plain ``"gloo"`` (gloo picks
+    ``GLOO_SOCKET_IFNAME``'s first address, else the host name's). Used by training and benchmarks."""
+    return register_bound_gloo(env.gloo_addr) if env.gloo_addr else "gloo"
+
+
 def init_process_group(env: DistEnv, timeout_s: float) -> None:
     """Join the gloo process group (env:// rendezvous from torchrun) with an explicit timeout.
 
     gloo's default timeout is 30 min: a peer that vanishes without a TCP reset would stall the
     survivors that long, so every collective here fails after ``timeout_s`` instead. With
-    ``env.gloo_addr`` gloo binds exactly that address (:func:`register_bound_gloo`); without it,
-    gloo picks by itself (``GLOO_SOCKET_IFNAME``'s first address, else the host name's).
+    ``env.gloo_addr`` gloo binds exactly that address (:func:`gloo_backend`).
     """
     if env.distributed and not dist.is_initialized():
-        backend = register_bound_gloo(env.gloo_addr) if env.gloo_addr else "gloo"
         dist.init_process_group(
-            backend=backend, rank=env.rank, world_size=env.world_size,
+            backend=gloo_backend(env), rank=env.rank, world_size=env.world_size,
             timeout=timedelta(seconds=timeout_s),
         )
 

@@ -23,15 +23,25 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 def init_distributed(pg_timeout_s: float):
     """Join the gloo process group from torchrun's environment. Returns (torch.distributed, rank, N).
 
-    Raises RuntimeError with a one-line hint when not started by torchrun.
+    gloo binds ``DDPLAB_GLOO_ADDR`` when the ddp_job role set it, as in training
+    (:func:`ddplab.distributed.gloo_backend`); a group of one rank is joined too.
+
+    Raises RuntimeError with a one-line hint when not started by torchrun or when
+    ``DDPLAB_GLOO_ADDR`` (or another torchrun variable) is malformed.
     """
     import torch.distributed as dist
+
+    from ddplab.distributed import DistEnv, gloo_backend
 
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         raise RuntimeError("not started by torchrun (RANK/WORLD_SIZE unset): "
                            "use torchrun --nproc-per-node=2 -m ddplab.bench.<bench> ...")
+    try:
+        env = DistEnv.from_environ()
+    except ValueError as exc:
+        raise RuntimeError(str(exc)) from None
     if not dist.is_initialized():
-        dist.init_process_group("gloo", timeout=dt.timedelta(seconds=pg_timeout_s))
+        dist.init_process_group(gloo_backend(env), timeout=dt.timedelta(seconds=pg_timeout_s))
     return dist, dist.get_rank(), dist.get_world_size()
 
 
