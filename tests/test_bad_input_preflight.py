@@ -205,8 +205,9 @@ def test_check_table_aligns_columns():
 
 def test_launch_passes_explicit_addresses(tmp_path: Path):
     """ddp_job's systemd-run + torchrun argv (rendered by Ansible from the role's own defaults and
-    vars) passes --local-addr, GLOO_SOCKET_IFNAME and an IP rendezvous endpoint, runs as the
-    unprivileged user and with a umask that keeps the run's files private."""
+    vars) passes --local-addr, GLOO_SOCKET_IFNAME, DDPLAB_GLOO_ADDR (the address gloo binds) and an
+    IP rendezvous endpoint, runs as the unprivileged user and with a umask that keeps the run's
+    files private."""
     _not_twice()
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(
@@ -267,6 +268,10 @@ def test_launch_passes_explicit_addresses(tmp_path: Path):
     assert (
         "GLOO_SOCKET_IFNAME=enp3s0" in argv
         and argv[argv.index("GLOO_SOCKET_IFNAME=enp3s0") - 1] == "--setenv"
+    )
+    assert (
+        "DDPLAB_GLOO_ADDR=192.168.50.11" in argv
+        and argv[argv.index("DDPLAB_GLOO_ADDR=192.168.50.11") - 1] == "--setenv"
     )
     assert argv[argv.index("--uid") + 1] == "ddp" and argv[argv.index("--gid") + 1] == "ddp"
     assert "UMask=0027" in argv and argv[argv.index("UMask=0027") - 1] == "--property"
