@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "train"))
 
 from ddplab.controller import rdzv_store  # noqa: E402
-from ddplab.metrics import read_jsonl  # noqa: E402
+from ddplab.records import read_jsonl  # noqa: E402
 
 DEFAULT_DATA = os.environ.get("DDP_LAB_DATA") or str(REPO.parent / "shared/data/tinyshakespeare/input.txt")
 START_METHODS = ("spawn", "fork")
@@ -80,7 +80,7 @@ def agent_env() -> dict[str, str]:
 
 def records(out_dir: Path, local_rank: int) -> list[dict]:
     path = out_dir / "metrics" / f"{os.uname().nodename}-local{local_rank}.jsonl"
-    return read_jsonl(path) if path.exists() else []
+    return read_jsonl(path)[0] if path.exists() else []
 
 
 def wait_for(proc: subprocess.Popen, what: str, test, timeout_s: float):

@@ -86,13 +86,3 @@ class MetricsWriter:
             self.sync()
             self._fh.close()
 
-
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """All records of a metrics file; a torn last line (killed writer) is skipped."""
-    out = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out

@@ -58,9 +58,10 @@ from ddplab.distributed import (
 )
 from ddplab.divergence import EXIT_DIVERGED, Diverged, divergence_reason
 from ddplab.lr import BatchPlan, BatchPolicyError, lr_at, plan_batch, ramp_lr_scale
-from ddplab.metrics import MetricsWriter, read_jsonl
+from ddplab.metrics import MetricsWriter
 from ddplab.model import GPT, GPTConfig
 from ddplab.outputs import OutputError, check_writable_dir
+from ddplab.records import read_jsonl
 
 CHECKPOINT_FORMAT = 1
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -335,7 +336,7 @@ class Trainer:
         """
         env, previous = self.env, None
         if env.restart_count > 0 and self.metrics and self.metrics.path.exists():
-            failures = [r for r in read_jsonl(self.metrics.path) if r.get("event") == "failure"]
+            failures = [r for r in read_jsonl(self.metrics.path)[0] if r.get("event") == "failure"]
             last = failures[-1] if failures else {}
             if (last.get("cause") == "divergence" and last.get("restart_count") == env.restart_count - 1
                     and last.get("world_size") == env.world_size
