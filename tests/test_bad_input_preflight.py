@@ -273,6 +273,8 @@ def test_launch_passes_explicit_addresses(tmp_path: Path):
         "DDPLAB_GLOO_ADDR=192.168.50.11" in argv
         and argv[argv.index("DDPLAB_GLOO_ADDR=192.168.50.11") - 1] == "--setenv"
     )
+    # ddplab is installed into the venv as a wheel: no source folder on the workers' path
+    assert not [a for a in argv if a.startswith("PYTHONPATH=")], argv
     assert argv[argv.index("--uid") + 1] == "ddp" and argv[argv.index("--gid") + 1] == "ddp"
     assert "UMask=0027" in argv and argv[argv.index("UMask=0027") - 1] == "--property"
 

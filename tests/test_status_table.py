@@ -208,7 +208,7 @@ def _case(tmp_path: Path, states: dict[str, str]) -> tuple[Path, dict[str, str]]
         "trainers": {"hosts": hosts, "vars": {
             "ansible_python_interpreter": sys.executable, "ansible_become_method": "su",
             "ddp_job_user": "root", "ddp_job_venv": str(Path(sys.executable).parent.parent),
-            "ddp_job_src_dir": str(ROOT / "train"), "ddp_job_runs_dir": str(runs)}},
+            "ddp_job_runs_dir": str(runs)}},
         "rendezvous": {"hosts": {"controller": {
             "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
             "rendezvous_address": "127.0.0.1", "rendezvous_port": 29499,
@@ -221,6 +221,8 @@ def _case(tmp_path: Path, states: dict[str, str]) -> tuple[Path, dict[str, str]]
                ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"), ANSIBLE_HOME=str(tmp_path / "home"),
                FAKE_UNITS=str(units))
     env["PATH"] = f"{fakebin}:{BIN}:{env.get('PATH', '')}"
+    # ddplab.status runs as on a node, where the wheel is installed in the venv: here train/ stands in
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "train"), env.get("PYTHONPATH")) if p)
     return path, env
 
 
