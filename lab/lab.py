@@ -626,15 +626,15 @@ def ensure_admin_account(name: str, public_key: str) -> list[str]:
     return changed
 
 
-def read_host_keys(name: str) -> list[str]:
-    """Node ``name``'s SSH host public keys as known_hosts lines under its name, read from inside
-    the container (made at its first boot by ssh-keygen -A: waits for them)."""
+def read_host_keys(name: str, address: str) -> list[str]:
+    """Node ``name``'s SSH host public keys as known_hosts lines under its name and ``address``,
+    read from inside the container (made at its first boot by ssh-keygen -A: waits for them)."""
     deadline = time.monotonic() + SSH_READY_TIMEOUT_S
     while True:
         proc = podman("exec", name, "sh", "-c", "cat /etc/ssh/ssh_host_*_key.pub", check=False)
         keys = [line.split()[:2] for line in out(proc).splitlines() if len(line.split()) >= 2]
         if proc.returncode == 0 and keys:
-            return [f"{name} {kind} {blob}" for kind, blob in sorted(keys)]
+            return [f"{name},{address} {kind} {blob}" for kind, blob in sorted(keys)]
         if time.monotonic() > deadline:
             raise LabError(f"{name} has no SSH host keys after {SSH_READY_TIMEOUT_S} s: is ssh.service up?")
         time.sleep(1)
@@ -646,7 +646,7 @@ def check_ssh(name: str, address: str, key: Path, known_hosts: Path) -> None:
     argv = [
         "ssh", "-F", "none", "-i", str(key), "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
         "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_hosts}",
-        "-o", f"HostKeyAlias={name}", "-o", "ConnectTimeout=5", f"{ADMIN_USER}@{address}",
+        "-o", "ConnectTimeout=5", f"{ADMIN_USER}@{address}",
         "sudo", "-n", "true",
     ]  # fmt: skip
     deadline = time.monotonic() + SSH_READY_TIMEOUT_S
@@ -667,9 +667,9 @@ def ensure_ssh_access(state_dir: Path, addresses: dict[str, str]) -> list[str]:
     key, changed = ensure_keypair(state_dir)
     public_key = key.with_name(KEY_NAME + ".pub").read_text()
     lines: list[str] = []
-    for name in addresses:
+    for name, address in addresses.items():
         changed += ensure_admin_account(name, public_key)
-        lines += read_host_keys(name)
+        lines += read_host_keys(name, address)
     known_hosts = state_dir / KNOWN_HOSTS_NAME
     if atomic_write(known_hosts, "\n".join(lines) + "\n"):
         changed.append(f"{rel(known_hosts)} written")
@@ -680,9 +680,10 @@ def ensure_ssh_access(state_dir: Path, addresses: dict[str, str]) -> list[str]:
 
 def ssh_common_args(known_hosts: Path) -> str:
     """ssh options of the lab's inventories: the lab's known_hosts (checked strictly, as
-    ansible.cfg's host_key_checking asks) under the node's name, so that a node's entry does not
-    depend on its address."""
-    return f"-o UserKnownHostsFile={known_hosts} -o HostKeyAlias={{{{ inventory_hostname }}}}"
+    ansible.cfg's host_key_checking asks; its entries name each node's fixed address). No
+    per-host template here: a task delegated to another node renders the delegating host's
+    variables, so an option naming ``inventory_hostname`` would check the wrong node's key."""
+    return f"-o UserKnownHostsFile={known_hosts}"
 
 
 def render_inventory(gateway: str, addresses: dict[str, str]) -> str:

@@ -113,9 +113,9 @@ def lab_or_skip() -> Lab:
     trainers = data.get("trainers", {}).get("hosts", [])
     hostvars = data.get("_meta", {}).get("hostvars", {})
     # The lab's inventories connect over SSH (ansible_host is an address) and name each node's
-    # container in lab_container; the molecule scenarios name the containers after the hosts.
+    # container in lab_container; the molecule scenarios template it from the environment.
     containers = {h: hostvars.get(h, {}).get("lab_container", h) for h in trainers}
-    if any("{{" in name for name in containers.values()):  # molecule's: "{{ inventory_hostname }}"
+    if any("{{" in name for name in containers.values()):
         containers = _rendered_vars(env, inventory, "trainers", "lab_container")
     for host, name in containers.items():
         running = subprocess.run(

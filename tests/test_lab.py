@@ -136,8 +136,7 @@ def test_inventory_matches_the_contract(lab, monkeypatch):
         "ansible_connection": "ssh",
         "ansible_user": "labadmin",
         "ansible_ssh_private_key_file": str(ssh_dir / "id_ed25519"),
-        "ansible_ssh_common_args": f"-o UserKnownHostsFile={ssh_dir / 'known_hosts'} "
-        "-o HostKeyAlias={{ inventory_hostname }}",
+        "ansible_ssh_common_args": f"-o UserKnownHostsFile={ssh_dir / 'known_hosts'}",
         "ansible_python_interpreter": "/usr/bin/python3",
     }
     assert inv["rendezvous"]["hosts"] == {"controller": {
