@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from ddplab.data import file_lock
+from ddplab.outputs import fsync_dir
 
 _NAME = re.compile(r"^ckpt-(\d{8,})\.pt$")
 _TMP_MARK = ".tmp-"
@@ -110,14 +111,6 @@ def sidecar_text(name: str, digest: str, state: dict[str, Any], finite: bool | N
     meta = {"step": int(state["step"]), "finite": finite,
             "loss": loss if isinstance(loss, float) and math.isfinite(loss) else None}
     return f"{digest}  {name}\n{_META}{json.dumps(meta, sort_keys=True)}\n"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_durable(path: Path, data: bytes) -> None:
@@ -310,7 +303,7 @@ class CheckpointStore:
                 try:
                     _write_durable(tmp, sidecar_text(path.name, digest, state).encode("ascii"))
                     os.replace(tmp, self.sidecar(path))
-                    _fsync_dir(self.dir)
+                    fsync_dir(self.dir)
                     adopted = True
                 except OSError:
                     tmp.unlink(missing_ok=True)  # read-only folder: still valid, adopted next time
@@ -333,7 +326,7 @@ class CheckpointStore:
                 for src in (self.sidecar(path), path):
                     if src.exists():
                         os.replace(src, src.with_name(src.name + CORRUPT_SUFFIX))
-                _fsync_dir(self.dir)
+                fsync_dir(self.dir)
             reason += f" (moved aside to {path.name}{CORRUPT_SUFFIX})"
         return Verdict(step, False, reason, corrupt=True)
 
@@ -395,7 +388,7 @@ class CheckpointStore:
                 _write_durable(tmp_side, text.encode("ascii"))
                 os.replace(tmp, path)
                 os.replace(tmp_side, side)
-                _fsync_dir(self.dir)
+                fsync_dir(self.dir)
             except OSError as exc:
                 raise CheckpointError(f"cannot write checkpoint {path}: {exc.strerror or exc}") from None
             finally:
@@ -434,4 +427,4 @@ class CheckpointStore:
                 with contextlib.suppress(FileNotFoundError):
                     victim.unlink()
         if drop:
-            _fsync_dir(self.dir)
+            fsync_dir(self.dir)

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from filelock import FileLock
 
-from ddplab.outputs import OutputError, check_writable_dir
+from ddplab.outputs import OutputError, check_writable_dir, fsync_dir
 
 TRAIN_FRACTION = 0.9
 #: Sampler streams: training order, evaluation windows of the val split, evaluation windows of train.
@@ -53,14 +53,6 @@ def file_lock(path: str | Path) -> FileLock:
     """Exclusive advisory lock on ``path`` for the processes of one node (``filelock``: flock(2)
     on Linux; the lock file stays). Use as a context manager; it blocks until the lock is free."""
     return FileLock(str(path))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def download(url: str, dest: str | Path, sha256: str | None, timeout_s: float = 60.0) -> Path:
@@ -93,7 +85,7 @@ def download(url: str, dest: str | Path, sha256: str | None, timeout_s: float = 
                 "fix data_url or data_sha256"
             )
         os.replace(tmp, dest)
-        _fsync_dir(dest.parent)
+        fsync_dir(dest.parent)
     finally:
         tmp.unlink(missing_ok=True)
     return dest

@@ -17,6 +17,19 @@ class OutputError(RuntimeError):
     """An output folder or file cannot be written; the message names it and the fix."""
 
 
+def fsync_dir(path: str | Path) -> None:
+    """fsync the folder ``path``, so that a rename or a new file in it survives a power loss.
+
+    Raises:
+        OSError: the folder cannot be opened or synced.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _nearest_existing(path: Path) -> Path:
     probe = path
     while not os.path.lexists(probe) and probe != probe.parent:

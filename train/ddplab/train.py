@@ -60,7 +60,7 @@ from ddplab.divergence import EXIT_DIVERGED, Diverged, divergence_reason
 from ddplab.lr import BatchPlan, BatchPolicyError, lr_at, plan_batch, ramp_lr_scale
 from ddplab.metrics import MetricsWriter
 from ddplab.model import GPT, GPTConfig
-from ddplab.outputs import OutputError, check_writable_dir
+from ddplab.outputs import OutputError, check_writable_dir, fsync_dir
 from ddplab.records import read_jsonl
 
 CHECKPOINT_FORMAT = 1
@@ -133,11 +133,7 @@ def _atomic_write_text(path: Path, text: str) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(path.parent)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise OutputError(f"cannot write {path} ({exc.strerror or exc}): fix the folder or "
