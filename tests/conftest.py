@@ -14,6 +14,13 @@ from pathlib import Path
 
 import pytest
 
+# torch._dynamo (imported lazily by the optimizers' first step) wraps sys.intern when it is first
+# imported, and fails if ansible got there first: importing ansible.module_utils (the role modules
+# and plugins tested in this process) replaces sys.intern with an object, and every later training
+# step in the same pytest process raised "substitute_in_graph expects a function". Import it before
+# any test module can import ansible.
+import torch._dynamo  # noqa: E402, F401, I001  (order matters, see above)
+
 REPO = Path(__file__).resolve().parent.parent
 TRAIN_DIR = REPO / "train"
 VENV_BIN = Path(sys.executable).parent

@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -218,6 +219,13 @@ def node_exec(
         check=False,
         timeout=timeout,
     )
+
+
+def free_port() -> int:
+    """A TCP port that nothing listens on now (the kernel's pick), e.g. for a store of a test's own."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run_playbooks(

@@ -40,6 +40,7 @@ from labharness import (
     assert_stopped_before_changes,
     assert_unchanged,
     errors,
+    free_port,
     lab_or_skip,
     node_exec,
     nodes_untouched,
@@ -70,12 +71,6 @@ def _filters():
 
 
 val = _filters()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _not_twice() -> None:
@@ -306,7 +301,7 @@ def controller_case(tmp_path: Path):
                         "ansible_connection": "local",
                         "ansible_python_interpreter": sys.executable,
                         "rendezvous_address": "192.0.2.10",
-                        "rendezvous_port": _free_port(),
+                        "rendezvous_port": free_port(),
                         "rendezvous_state_dir": str(tmp_path / "rdzv"),
                     }
                 }
@@ -377,7 +372,7 @@ def test_port_held_by_another_program_and_corrupt_dataset(controller_case, tmp_p
     and a dataset whose checksum is wrong."""
     bad = tmp_path / "input.txt"
     bad.write_text("not tiny shakespeare\n")
-    port = _free_port()
+    port = free_port()
     rdzv = {
         "controller": {
             "ansible_connection": "local",
@@ -448,7 +443,7 @@ def _store(address: str, port: int, state_dir: Path) -> Iterator[None]:
 def test_port_held_by_a_store_this_checkout_does_not_manage(controller_case, tmp_path: Path):
     """A ddp-lab store started from elsewhere (another state folder) holds the port: named as
     such, with the command that stops it."""
-    port = _free_port()
+    port = free_port()
     elsewhere = tmp_path / "other-checkout-rdzv"
     rdzv = {
         "controller": {
@@ -688,7 +683,7 @@ def _firewalled(lab: Lab, host: str, port: int) -> Iterator[None]:
 
 def _rendezvous_vars(tmp_path: Path) -> dict:
     """A free port and a private store state folder, so that no other job's store interferes."""
-    return {"rendezvous_port": _free_port(), "rendezvous_state_dir": str(tmp_path / "rdzv")}
+    return {"rendezvous_port": free_port(), "rendezvous_state_dir": str(tmp_path / "rdzv")}
 
 
 def _tables(out: str) -> dict[str, dict[str, tuple[str, str]]]:
