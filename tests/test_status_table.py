@@ -130,6 +130,17 @@ def test_render_is_one_table_with_the_store_line():
     assert table.store_line({}) == "rendezvous store: not read"
 
 
+def test_render_shows_brackets_literally():
+    """A survivor's gloo error starts with "[/path/pair.cc:553]": rich read it as a closing markup
+    tag and status.yml failed ("closing tag ... doesn't match any open tag")."""
+    gloo = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+            "Connection closed")
+    row = {c: "-" for c in table.COLUMNS} | {"node": "laptop-b", "agent": "failed", "last failure": gloo}
+    text = table.render([row], {"error": "[Errno 111] Connection refused", "port": 29400}, "r1", width=400)
+    assert "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed" in text
+    assert text.splitlines()[-1] == "rendezvous store: unknown on port 29400 ([Errno 111] Connection refused)"
+
+
 def test_newest_stderr_per_local_rank():
     d = "/var/lib/ddp-lab/runs/r/logs"
     files = [

@@ -25,6 +25,7 @@ from ansible.utils.display import Display
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 display = Display()
 
@@ -110,12 +111,12 @@ def render(rows: Sequence[Mapping[str, str]], store: Mapping[str, Any], run_id: 
         table.add_column(c, justify="right" if c in ("step", "loss", "val", "ws", "rank", "tok/s",
                                                      "restarts", "last step s") else "left",
                          overflow="fold")
-    for r in rows:
-        table.add_row(*(r[c] for c in COLUMNS))
+    for r in rows:  # cells as Text: a failure line like "[/…/pair.cc:553] …" is not rich markup
+        table.add_row(*(Text(str(r[c])) for c in COLUMNS))
     buf = io.StringIO()
     console = Console(file=buf, width=width, color_system=None, force_terminal=False, legacy_windows=False)
     console.print(table)
-    console.print(store_line(store))
+    console.print(store_line(store), markup=False, highlight=False)
     return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()).strip("\n")
 
 
