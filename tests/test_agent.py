@@ -121,8 +121,11 @@ def test_forked_workers_survive_a_killed_worker_with_no_step_lost(tmp_path, data
     # the survivor saved the last step (after its failed collective or the agent's SIGTERM)
     assert [(f["saved"], f["step"]) for f in by_event(records, "failure", 0)] == [(True, steps[0][-1])]
     # SIGTERM in a forked worker reaches its SignalGuard: emergency checkpoint, then exit 143
+    # (its last completed step: rank 0's last, or one before when the signal came after rank 1 had
+    # joined the next step's all-reduce, which rank 0 then completed; seen once in the full suite)
     term = by_event(read_metrics(out, local_rank=1), "failure", 1)
-    assert [(f["cause"], f["saved"], f["step"]) for f in term] == [("signal", True, steps[1][-1])]
+    assert [(f["cause"], f["saved"]) for f in term] == [("signal", True)]
+    assert steps[1][-1] - 1 <= term[0]["step"] <= steps[1][-1]
     assert "SIGTERM" in term[0]["error"]
     assert by_event(records, "end", 2)
     # per-rank log files where ddp_job / logs.yml read them: <log-dir>/<run>/attempt_<n>/<local_rank>/

@@ -35,10 +35,13 @@ NOW = time.time()
 
 
 def recs(host: str, rank: int, steps: int, end: bool = False, failure: str | None = None) -> list[dict]:
-    """A node's metrics records: start, steps 1..steps (one per 2 s up to now), val, end/failure."""
+    """A node's metrics records: start, steps 1..steps (one per 2 s up to now), val, end/failure.
+
+    "Now" is the call's time, not the module's import: in the full suite a test runs minutes after
+    the import, and the ages the tests assert are measured from the present."""
     base = {"host": host, "local_rank": 0, "rank": rank, "world_size": 3, "restart_count": 1,
             "run_id": "20261130-190000-abcd"}
-    t0 = NOW - 2 * steps - 5
+    t0 = time.time() - 2 * steps - 5
     out = [{**base, "event": "start", "time": t0, "max_steps": 300}]
     out += [{**base, "event": "step", "time": t0 + 2 * s, "step": s, "loss": 3.0 - s / 100,
              "tokens_per_s": 12345.6} for s in range(1, steps + 1)]
@@ -73,7 +76,7 @@ def watch_result(host: str, unit: dict, records: list[dict]) -> dict:
 def test_step_age_is_the_time_since_the_newest_step():
     r = recs("laptop-a", 0, 10, end=True)
     p = st.node_progress(r)
-    assert p["step_age_s"] == pytest.approx(NOW - r[10]["time"], abs=1.0)
+    assert p["step_age_s"] == pytest.approx(time.time() - r[10]["time"], abs=1.0)
     assert p["age_s"] < p["step_age_s"]  # val and end came after the last step
     assert st.node_progress([])["step_age_s"] is None
 
