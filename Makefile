@@ -8,9 +8,10 @@ TORCH_PIP_ARGS ?=
 INVENTORY ?= inventory/lab
 # The molecule scenarios `make test` (and so CI) runs: `default` (provisioning, idempotence) and
 # `fault`, which runs site.yml with the short run of `train` and checks it with train's tests, then
-# the fault run (poweroff of rank 0, rejoin, freeze) on the same nodes, provisioned once. `train`
+# the fault run (poweroff of rank 0, rejoin, freeze) on the same nodes, provisioned once, and
+# `reset` (snapshot, provision, reset.yml, compare with the snapshot, provision again). `train`
 # alone: `make molecule SCENARIOS=train`.
-SCENARIOS ?= default fault
+SCENARIOS ?= default fault reset
 ALL_SCENARIOS := $(patsubst molecule/%/molecule.yml,%,$(wildcard molecule/*/molecule.yml))
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
