@@ -16,7 +16,7 @@ from ddplab.controller import rdzv_store, supervisor
 # torchft 0.2.0's GET /status after one quorum of laptop-a and a heartbeat of laptop-b (trimmed).
 PAGE = """
 Current quorum_id: 3 <br>
-Next quorum status: New quorum not ready, only have 0 participants, need min_replicas 1 [0/0 participants healthy][2 heartbeating][shrink_only=false]
+Next quorum status: New quorum not ready, only have 0 participants, need min_replicas 1 [2 heartbeating]
 <h3>Previous Quorum</h3>
 Previous quorum id: 3 <br>
 Num participants: 2 <br>
@@ -48,7 +48,8 @@ Num participants: 2 <br>
 def test_parse_status():
     st = lh.parse_status(PAGE)
     assert st["quorum_id"] == 3
-    assert st["participants"] == [{"replica_id": "laptop-a", "step": 7}, {"replica_id": "laptop-c", "step": 7}]
+    assert st["participants"] == [{"replica_id": "laptop-a", "step": 7},
+                                  {"replica_id": "laptop-c", "step": 7}]
     assert st["heartbeats"] == {"laptop-a": 0.369, "laptop-b": 0.013}
     assert st["next_quorum"].startswith("New quorum not ready")
     assert lh.parse_status("nothing here") == {"quorum_id": None, "participants": [], "heartbeats": {},
@@ -72,11 +73,12 @@ def test_lighthouse_lifecycle(tmp_path, capsys):
         assert not again["changed"] and again["supervisor_pid"] == first["supervisor_pid"]
         # the same port for another address: refused, nothing changed
         assert lh.main(["start", "--host", "127.0.0.2", "--port", str(port), "--state-dir", str(sd)]) == 2
-        assert f"ddplab.controller.lighthouse stop --port {port}" in json.loads(capsys.readouterr().out)["error"]
+        err = json.loads(capsys.readouterr().out)["error"]
+        assert f"ddplab.controller.lighthouse stop --port {port}" in err
         # a replica asks for a quorum: the status shows it
         client = LighthouseClient(f"http://127.0.0.1:{port}", timedelta(seconds=5))
-        client.quorum("laptop-a", timedelta(seconds=10), address="http://127.0.0.1:1", store_address="127.0.0.1:2",
-                      step=5, world_size=1)
+        client.quorum("laptop-a", timedelta(seconds=10), address="http://127.0.0.1:1",
+                      store_address="127.0.0.1:2", step=5, world_size=1)
         assert lh.main(["status", "--port", str(port), "--state-dir", str(sd)]) == 0
         st = json.loads(capsys.readouterr().out)
         assert st["quorum_id"] == 1 and st["participants"] == [{"replica_id": "laptop-a", "step": 5}]
@@ -93,7 +95,8 @@ def test_lighthouse_lifecycle(tmp_path, capsys):
     finally:
         stopped = lh.stop(port, sd)
     assert stopped["changed"]
-    assert not psutil.pid_exists(first["server_pid"]) or psutil.Process(first["server_pid"]).status() == psutil.STATUS_ZOMBIE
+    server = first["server_pid"]
+    assert not psutil.pid_exists(server) or psutil.Process(server).status() == psutil.STATUS_ZOMBIE
     assert not (sd / f"lighthouse-{port}.json").exists()
     assert lh.stop(port, sd)["changed"] is False
     assert lh.main(["status", "--port", str(port), "--state-dir", str(sd)]) == 3
@@ -145,5 +148,6 @@ def test_bad_input(tmp_path, capsys, monkeypatch):
 def test_supervisor_gives_up_on_a_crash_loop(tmp_path, monkeypatch):
     """A service that keeps dying is not restarted forever: exit 1, pidfile removed."""
     monkeypatch.setattr(supervisor, "RESTART_BACKOFF_S", 0.05)
-    code = supervisor.supervise("crash", "127.0.0.1", 1, tmp_path, [sys.executable, "-c", "raise SystemExit(7)"])
+    crash = [sys.executable, "-c", "raise SystemExit(7)"]
+    code = supervisor.supervise("crash", "127.0.0.1", 1, tmp_path, crash)
     assert code == 1 and not (tmp_path / "crash-1.json").exists()

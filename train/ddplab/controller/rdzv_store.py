@@ -103,7 +103,8 @@ def serve(host: str, port: int) -> int:
 
 
 def _serve_argv(host: str, port: int) -> list[str]:
-    return [sys.executable, "-m", "ddplab.controller.rdzv_store", "serve", "--host", host, "--port", str(port)]
+    return [sys.executable, "-m", "ddplab.controller.rdzv_store", "serve", "--host", host,
+            "--port", str(port)]
 
 
 def start(host: str, port: int, state_dir: Path, wait_s: float = 30.0) -> dict[str, Any]:

@@ -224,19 +224,22 @@ def start(service: Service, host: str, port: int, state_dir: Path, argv: Sequenc
         assert state is not None
         if state.host != host:
             raise ServiceError(
-                f"a ddp-lab {service.label} already serves port {port} for host address {state.host}, not {host}: "
+                f"a ddp-lab {service.label} already serves port {port} for host address {state.host}, "
+                f"not {host}: "
                 f"run `python -m {service.module} stop --port {port}` first",
                 code=2,
             )
         # Alive: answering now, or between restarts (given the wait budget).
         if _wait_ping(service, host, port, wait_s):
             return {**status(service, port, state_dir), "changed": False}
-        raise ServiceError(f"the {service.label} supervisor {state.supervisor_pid} runs but {host}:{port} does not answer")
+        raise ServiceError(
+            f"the {service.label} supervisor {state.supervisor_pid} runs but {host}:{port} does not answer")
     if state is not None:  # stale pidfile
         pidfile.unlink(missing_ok=True)
     if not port_free(port):
         raise ServiceError(
-            f"port {port} on this host is held by another program: free it or choose another {service.port_setting}",
+            f"port {port} on this host is held by another program: free it or choose another "
+            f"{service.port_setting}",
             code=2,
         )
     env = dict(os.environ)
@@ -252,7 +255,8 @@ def start(service: Service, host: str, port: int, state_dir: Path, argv: Sequenc
     if not _wait_ping(service, host, port, wait_s, proc):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
-        raise ServiceError(f"the {service.label} did not answer at {host}:{port} within {wait_s:.0f} s; see {logfile}")
+        raise ServiceError(
+            f"the {service.label} did not answer at {host}:{port} within {wait_s:.0f} s; see {logfile}")
     return {**status(service, port, state_dir), "changed": True}
 
 
@@ -345,7 +349,8 @@ def cli(
         if name not in extra:
             sp.add_argument("--state-dir", type=Path, default=Path(DEFAULT_STATE_DIR))
         if name == "start":
-            sp.add_argument("--wait", type=float, default=30.0, help=f"seconds to wait for the {service.label}")
+            sp.add_argument("--wait", type=float, default=30.0,
+                            help=f"seconds to wait for the {service.label}")
             add_start_args(sp)
         if name in extra:
             extra[name][0](sp)
@@ -376,7 +381,8 @@ def cli(
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m ddplab.controller.supervisor --name N --host H --port P --state-dir D -- ARGV``."""
-    p = argparse.ArgumentParser(prog="python -m ddplab.controller.supervisor", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ddplab.controller.supervisor",
+                                description=__doc__.split("\n")[0])
     p.add_argument("--name", required=True)
     p.add_argument("--host", required=True)
     p.add_argument("--port", type=int, required=True)
