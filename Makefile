@@ -104,6 +104,7 @@ status: venv ## one table: the job on every laptop and the rendezvous store (rea
 	ansible-playbook -i $(INVENTORY) status.yml
 
 logs: venv ## a laptop's agent journal and worker stderr: make logs NODE=laptop-b [RANK=1] [LINES=50]
+	@test -n "$(NODE)" || { echo "make logs: name the laptop: make logs NODE=<inventory host> (the hosts: make status)" >&2; exit 2; }
 	ansible-playbook -i $(INVENTORY) logs.yml -e node=$(NODE) $(if $(RANK),-e rank=$(RANK)) $(if $(LINES),-e lines=$(LINES))
 
 stop: venv ## end a running job everywhere
