@@ -23,6 +23,8 @@ from ddplab.records import Record, as_int, by_time, events_of, num, read_jsonl, 
 
 SUMMARY_FILE = "summary.json"
 EVENTS_FILE = "events.jsonl"
+SAMPLE_FILE = "sample.txt"  # rank 0's generated text at the end of a run (ddplab.train)
+SAMPLE_MAX_CHARS = 4000  # read at most this much of a sample.txt
 
 
 class RunFolderError(ValueError):
@@ -67,7 +69,8 @@ class RunFolder:
     metrics); ``records``: all of them by time; ``metrics_files``: the files read; ``events``: the
     events.jsonl records; ``configs`` / ``results``: host -> its run.json / result.json;
     ``summary``: the existing summary.json ({} when missing or unreadable, ``summary_error`` says
-    why when it is there but unreadable); ``skipped_lines``: torn JSONL lines skipped.
+    why when it is there but unreadable); ``skipped_lines``: torn JSONL lines skipped;
+    ``samples``: host -> the text of its ``sample.txt`` (at most ``SAMPLE_MAX_CHARS``).
     """
 
     path: Path
@@ -82,6 +85,7 @@ class RunFolder:
     summary_error: str | None = None
     skipped_lines: int = 0
     notes: list[str] = field(default_factory=list)
+    samples: dict[str, str] = field(default_factory=dict)
 
     @property
     def hosts(self) -> list[str]:
@@ -91,6 +95,17 @@ class RunFolder:
     def by_event(self, event: str, rank: int | None = None) -> list[dict[str, Any]]:
         """The metrics records of one ``event`` (and global ``rank`` when given), by time."""
         return events_of(self.records, event, rank)  # type: ignore[return-value]
+
+
+def read_sample(path: Path, limit: int = SAMPLE_MAX_CHARS) -> str | None:
+    """The first ``limit`` characters of a ``sample.txt`` (UTF-8, bad bytes replaced); None when it
+    is missing, unreadable or empty."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read(limit)
+    except OSError:
+        return None
+    return text if text.strip() else None
 
 
 def _summary_file(path: Path) -> tuple[dict[str, Any], str | None]:
@@ -134,6 +149,7 @@ def load_run(path: str | Path, metrics_dir: str | Path | None = None) -> RunFold
     summary, summary_error = _summary_file(root / SUMMARY_FILE)
     configs = {d.name: c for d in host_dirs(root) if (c := read_json(d / "run.json"))}
     results = {d.name: r for d in host_dirs(root) if (r := read_json(d / "result.json"))}
+    samples = {d.name: t for d in host_dirs(root) if (t := read_sample(d / SAMPLE_FILE))}
     records = by_time(r for recs in per_host.values() for r in recs)
     run_id = str(
         summary.get("run_id")
@@ -143,7 +159,7 @@ def load_run(path: str | Path, metrics_dir: str | Path | None = None) -> RunFold
     )
     return RunFolder(
         root, run_id, per_host, records, files, load_events(root), configs, results, summary,
-        summary_error, skipped, notes,
+        summary_error, skipped, notes, samples,
     )
 
 
@@ -213,3 +229,34 @@ def world_size_at(timeline: Sequence[dict[str, Any]], t: float) -> int | None:
             break
         ws = e["world_size"]
     return ws
+
+
+# ----------------------------------------------------------------------------- outcome
+
+STOP_EVENT = "stop"  # events.jsonl kind written by stop.yml when it stopped a running agent
+OUTCOMES = ("finished", "stopped", "failed", "incomplete", "no metrics")
+
+
+def run_outcome(records: Sequence[Record], events: Sequence[Record]) -> str:
+    """How the run's newest launch ended, one of :data:`OUTCOMES`.
+
+    ``no metrics``: no ``step`` record; ``finished``: an ``end`` record after the newest ``start``;
+    ``stopped``: a ``kind: stop`` event (stop.yml stopped a running agent) at or after the newest
+    ``start`` record; ``failed``: a ``failure`` record after the newest ``start``;
+    ``incomplete``: none of these (still running, or the agents vanished without a record).
+    Records of earlier launches of a resumed run do not count.
+    """
+    if not any(r.get("event") == "step" for r in records):
+        return "no metrics"
+    starts = [t for r in records if r.get("event") == "start" and (t := num(r.get("time"))) is not None]
+    since = max(starts, default=float("-inf"))
+
+    def after(event: str) -> bool:
+        return any(r.get("event") == event and (num(r.get("time")) or since) >= since for r in records)
+
+    if after("end"):
+        return "finished"
+    stops = [t for e in events if e.get("kind") == STOP_EVENT and (t := num(e.get("time"))) is not None]
+    if any(t >= since - 1.0 for t in stops):
+        return "stopped"
+    return "failed" if after("failure") else "incomplete"

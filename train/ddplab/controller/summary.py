@@ -8,7 +8,8 @@ node's live progress is :mod:`ddplab.status`). Two commands:
   ``summary.json``), writes ``runs/<run_id>/summary.json`` atomically and prints a short human
   summary. Fields: ``run_id, hosts, steps_completed, final_train_loss, final_val_loss, wall_s,
   world_size_timeline [{time, step, world_size}], restarts, faults, batch_policy, stragglers,
-  report`` and, beyond the contract, ``max_steps, first_train_loss, per_host, sample``.
+  report`` and, beyond the contract, ``outcome, max_steps, first_train_loss, final_step_loss,
+  per_host, sample``.
 * **faults** (during and after a fault run): ``python -m ddplab.controller.summary faults
   runs/<run_id> [--metrics DIR] [--json] [--last] [--no-write]`` measures every injection of
   ``events.jsonl`` with :mod:`ddplab.faults`, stores the list as ``faults`` in
@@ -18,9 +19,16 @@ Definitions (all times unix seconds, from the nodes' clocks):
 
 ``steps_completed``
     the largest ``step`` of any ``end``/``step``/``val``/``checkpoint``/``failure`` record.
+``outcome``
+    :func:`ddplab.controller.rundir.run_outcome`: finished | stopped (stop.yml recorded a
+    ``kind: stop`` event after the newest start) | failed | incomplete | no metrics.
 ``final_train_loss`` / ``final_val_loss``
-    of the rank-0 ``end`` record (the trainer's final evaluation); without one, the newest ``val``
-    record's ``train_loss``/``val_loss``; ``None`` when there is neither.
+    of the rank-0 ``end`` record (the trainer's final evaluation: the mean loss over fixed
+    windows of the train and val splits); without one, the newest ``val`` record's
+    ``train_loss``/``val_loss``; ``None`` when there is neither.
+``final_step_loss`` / ``first_train_loss``
+    the training loss of the newest / earliest ``step`` record (the last minibatch's loss, mean
+    over the ranks: what the progress lines and the loss plot show).
 ``wall_s``
     the ``wall_s`` of the rank-0 ``end`` record (first start to end, restarts included); without
     one, newest record time minus oldest ``start`` time.
@@ -55,6 +63,7 @@ from ddplab.controller.rundir import (
     group_restarts,
     load_run,
     read_json,
+    run_outcome,
     world_size_timeline,
 )
 from ddplab.records import Record, as_int, events_of, num
@@ -107,15 +116,22 @@ def wall_seconds(records: Sequence[Record]) -> float | None:
     return round(max(times) - min(starts), 3)
 
 
-def first_train_loss(records: Sequence[Record]) -> float | None:
-    """Loss of the earliest ``step`` record (by step, then time)."""
+def _step_losses(records: Sequence[Record]) -> list[float]:
     steps = sorted(
         events_of(records, "step"), key=lambda r: (as_int(r.get("step")) or 0, num(r.get("time")) or 0)
     )
-    for r in steps:
-        if (v := num(r.get("loss"))) is not None:
-            return v
-    return None
+    return [v for r in steps if (v := num(r.get("loss"))) is not None]
+
+
+def first_train_loss(records: Sequence[Record]) -> float | None:
+    """Loss of the earliest ``step`` record (by step, then time)."""
+    return next(iter(_step_losses(records)), None)
+
+
+def final_step_loss(records: Sequence[Record]) -> float | None:
+    """Loss of the newest ``step`` record (by step, then time): the last minibatch's loss."""
+    losses = _step_losses(records)
+    return losses[-1] if losses else None
 
 
 def measure_faults(run: RunFolder) -> list[dict[str, Any]]:
@@ -189,12 +205,14 @@ def build_summary(run_dir: str | Path, hosts: Sequence[str] | None = None) -> di
     sample_host = next((h for h in hosts if (run_dir / h / "sample.txt").is_file()), None)
     summary: dict[str, Any] = {
         "run_id": run.run_id,
+        "outcome": run_outcome(records, run.events),
         "hosts": list(hosts),
         "steps_completed": steps_completed(records),
         "max_steps": max_steps,
         "first_train_loss": first_train_loss(records),
         "final_train_loss": train_loss,
         "final_val_loss": val_loss,
+        "final_step_loss": final_step_loss(records),
         "wall_s": wall_seconds(records),
         "world_size_timeline": world_size_timeline(records),
         "restarts": group_restarts(records),
@@ -238,14 +256,18 @@ def human_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None)
     steps, max_steps = summary.get("steps_completed"), summary.get("max_steps")
     done = max_steps is not None and steps is not None and steps >= max_steps
     hosts = summary.get("hosts") or []
+    outcome = {"finished": "finished", "stopped": "stopped by stop.yml", "failed": "NOT finished (failed)",
+               "incomplete": "NOT finished (no end record)", "no metrics": "NOT finished (no step metrics)",
+               }.get(summary.get("outcome"), "finished" if done else "NOT finished")
     lines.append(
         f"run {summary.get('run_id')}: {steps}/{max_steps if max_steps is not None else '?'} steps "
-        f"on {len(hosts)} node(s) ({', '.join(hosts)}) - {'finished' if done else 'NOT finished'}"
+        f"on {len(hosts)} node(s) ({', '.join(hosts)}) - {outcome}"
     )
     wall = num(summary.get("wall_s"))
     lines.append(
-        f"loss: train {fmt(num(summary.get('first_train_loss')))} -> "
-        f"{fmt(num(summary.get('final_train_loss')))}, "
+        f"train loss (last minibatch): {fmt(num(summary.get('first_train_loss')))} -> "
+        f"{fmt(num(summary.get('final_step_loss')))}; evaluation estimate: "
+        f"train {fmt(num(summary.get('final_train_loss')))}, "
         f"val {fmt(num(summary.get('final_val_loss')))}; wall {fmt(wall, '.0f')} s"
     )
     tl = summary.get("world_size_timeline") or []
@@ -279,6 +301,7 @@ def human_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None)
     if run_dir is not None:
         lines.append(
             f"folder: {run_dir}" + (f" (sample: {summary['sample']})" if summary.get("sample") else "")
+            + (f"; report: {Path(run_dir) / summary['report']}" if summary.get("report") else "")
         )
     return "\n".join(lines)
 

@@ -18,6 +18,12 @@ Layout: :mod:`ddplab.controller.rundir` reads the folder, :mod:`.data` derives t
 Tables: key figures, recoveries (mode, node, detection, recovery, steps lost), straggler findings
 (:mod:`ddplab.controller.straggler`), figures per world size, events.
 
+Live page (``--live SECONDS``, written by the ``ddp_job_watch`` action plugin every watch interval
+from the metrics it fetched into ``runs/<run_id>/.watch``): a banner "live, step S of M, updated
+HH:MM:SS" and a ``<meta http-equiv="refresh">``, figures from the metrics only (a resumed run's
+old summary.json is not read, except its ``faults``). The final page (collect.yml) has neither, and
+its path is recorded as ``report`` in summary.json.
+
 Exit status: 0 report written; 2 bad input (no such run folder), nothing written; 3 the run has
 no step metrics: a page saying so (with what was found) is written, so a printed link still works.
 """
@@ -26,10 +32,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ddplab.controller import straggler
+from ddplab.controller import straggler, summary
 from ddplab.controller.report import html, plots
 from ddplab.controller.rundir import SUMMARY_FILE, RunFolder, RunFolderError
 from ddplab.controller.rundir import load_run as read_run_folder
@@ -58,20 +65,33 @@ def load_run(path: str | Path, metrics_dir: str | Path | None = None) -> RunFold
 def build_report(run_dir: str | Path, margin: float = straggler.DEFAULT_MARGIN,
                  window: int = straggler.DEFAULT_WINDOW,
                  clock_drop: float = straggler.DEFAULT_CLOCK_DROP,
-                 metrics_dir: str | Path | None = None) -> tuple[Path, bool]:
+                 metrics_dir: str | Path | None = None, refresh_s: int | None = None) -> tuple[Path, bool]:
     """Write ``report.html`` and ``plots/*.png`` into ``run_dir`` (metrics: see :func:`load_run`).
+
+    ``refresh_s``: write the live page (see the module docstring), reloading every ``refresh_s``
+    seconds. The final page (no ``metrics_dir``, no ``refresh_s``) of a run with a summary.json
+    is recorded there as ``report`` (:func:`ddplab.controller.summary.update_summary`).
 
     Returns (path of report.html, whether the run had step metrics). Raises ReportError on a
     missing or unreadable run folder, ValueError on bad straggler parameters.
     """
+    if refresh_s is not None and refresh_s < 1:
+        raise ValueError(f"--live {refresh_s}: the reload interval must be at least 1 s")
     run = load_run(run_dir, metrics_dir)
+    if refresh_s is not None:  # the job runs: its figures come from the metrics, not an old summary
+        run.summary = {k: v for k, v in run.summary.items() if k in ("run_id", "faults")}
+        run.notes = [n for n in run.notes if not n.startswith("summary.json is missing")]
     findings = straggler.detect_stragglers(run.records, margin, window, clock_drop)
     drawn, cpu_has = plots.draw_all(run, findings, margin, run.path / "plots")
-    page = html.render_page(run, findings, drawn, cpu_has, margin, window, clock_drop)
+    if refresh_s is not None:  # a reloading browser must not show the plots of its cache
+        drawn = {k: f"{v}?t={int(time.time())}" for k, v in drawn.items()}
+    page = html.render_page(run, findings, drawn, cpu_has, margin, window, clock_drop, refresh_s)
     out = run.path / "report.html"
     tmp = out.with_suffix(".html.tmp")
     tmp.write_text(page, encoding="utf-8")
     tmp.replace(out)
+    if metrics_dir is None and refresh_s is None and (run.path / SUMMARY_FILE).is_file():
+        summary.update_summary(run.path, report=out.name)
     return out, bool(run.by_event("step"))
 
 
@@ -89,12 +109,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--metrics", metavar="DIR",
                     help="read <DIR>/<host>/metrics/*.jsonl instead of the run folder's "
                          "(e.g. runs/<id>/.live)")
+    ap.add_argument("--live", type=int, metavar="SECONDS", default=None,
+                    help="the job still runs: a live page that reloads every SECONDS (banner, "
+                         "meta refresh); the final page has neither")
     args = ap.parse_args(argv)
     if args.metrics and not Path(args.metrics).is_dir():
         print(f"report: --metrics {args.metrics}: no such folder", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        out, has_metrics = build_report(args.run_dir, args.margin, args.window, args.clock_drop, args.metrics)
+        out, has_metrics = build_report(args.run_dir, args.margin, args.window, args.clock_drop, args.metrics,
+                                        args.live)
     except (ReportError, ValueError) as exc:
         print(f"report: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

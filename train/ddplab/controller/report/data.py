@@ -16,8 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddplab.controller import straggler
-from ddplab.controller.rundir import GroupStart, RunFolder, group_starts, world_size_at, world_size_timeline
-from ddplab.records import num
+from ddplab.controller.rundir import (
+    GroupStart,
+    RunFolder,
+    group_starts,
+    run_outcome,
+    world_size_at,
+    world_size_timeline,
+)
+from ddplab.records import as_int, by_time, num
 
 RESTART_GAP_S = 20.0  # step records of one run of a step are closer than this
 Record = dict[str, Any]
@@ -158,6 +165,74 @@ def idle_gaps(times: Sequence[float], min_gap_s: float = 5.0) -> list[tuple[floa
     return [(a, b) for a, b in zip(times, times[1:], strict=False) if b - a > limit]
 
 
+@dataclass(frozen=True)
+class TrainLoss:
+    """The run's newest train loss in the two senses the trainer records (None when not recorded).
+
+    ``minibatch``/``minibatch_step``: the loss of the newest ``step`` record (the last minibatch,
+    mean over the ranks: the figure of the progress lines and of the loss plot); ``estimate`` /
+    ``estimate_step``: the evaluation estimate (mean loss over fixed windows of the train split)
+    of the rank-0 ``end`` record, else of the newest ``val`` record, else summary.json's
+    ``final_train_loss``.
+    """
+
+    minibatch: float | None
+    minibatch_step: int | None
+    estimate: float | None
+    estimate_step: int | None
+
+
+def train_loss(run: RunFolder) -> TrainLoss:
+    """The newest train loss of ``run`` as :class:`TrainLoss` (minibatch and evaluation estimate)."""
+    tr = loss_per_step(run)
+    evals = [r for r in run.by_event("end") + run.by_event("val")
+             if num(r.get("final_train_loss", r.get("train_loss"))) is not None]
+    newest = max(evals, key=lambda r: (as_int(r.get("step")) or 0, r.get("event") == "end"), default=None)
+    if newest is not None:
+        est = num(newest.get("final_train_loss", newest.get("train_loss")))
+        est_step = as_int(newest.get("step"))
+    else:
+        est, est_step = num(run.summary.get("final_train_loss")), as_int(run.summary.get("steps_completed"))
+    return TrainLoss(tr[-1][1] if tr else None, tr[-1][0] if tr else None, est, est_step)
+
+
+def train_estimate_points(run: RunFolder) -> list[tuple[int, float]]:
+    """(step, train loss evaluation estimate), one per step, from the ``val`` records."""
+    pts = {r["step"]: float(r["train_loss"]) for r in run.by_event("val")
+           if isinstance(r.get("step"), int) and num(r.get("train_loss")) is not None}
+    return sorted(pts.items())
+
+
+def steps_per_world_size(run: RunFolder) -> dict[int, int]:
+    """World size -> number of training steps run at it (not records: step records may be logged
+    every ``log_interval`` steps).
+
+    Walks rank 0's records (every rank's when there are none of rank 0) in time order: a ``start``
+    sets the position to its ``resumed_from_step``; a ``step``/``val``/``checkpoint``/``failure``/
+    ``end`` record at step S credits S minus the position to its world size. Steps redone after a
+    restart count again (they were trained again).
+    """
+    events = ("start", "step", "val", "checkpoint", "failure", "end")
+    chosen = [r for r in run.records if r.get("event") in events]
+    rank0 = [r for r in chosen if as_int(r.get("rank")) == 0]
+    out: dict[int, int] = defaultdict(int)
+    pos: int | None = None
+    for r in by_time(rank0 or chosen):
+        ws = as_int(r.get("world_size"))
+        if r.get("event") == "start":
+            pos = as_int(r.get("resumed_from_step")) or 0
+            continue
+        step = as_int(r.get("step"))
+        if step is None or ws is None:
+            continue
+        if pos is None:
+            pos = 0
+        if step > pos:
+            out[ws] += step - pos
+            pos = step
+    return dict(out)
+
+
 @dataclass
 class WorldSizeRow:
     world_size: int
@@ -169,7 +244,9 @@ class WorldSizeRow:
 
 
 def per_world_size(run: RunFolder) -> list[WorldSizeRow]:
-    """Median figures of rank-0 step records grouped by world size."""
+    """Median figures of rank-0 step records grouped by world size; ``steps``: the training steps
+    run at that world size (:func:`steps_per_world_size`)."""
+    counted = steps_per_world_size(run)
     groups: dict[int, list[Record]] = defaultdict(list)
     for recs in step_series(run).values():
         for r in recs:
@@ -185,7 +262,7 @@ def per_world_size(run: RunFolder) -> list[WorldSizeRow]:
 
         c, a, s = med("compute_s"), med("allreduce_s"), med("step_time_s")
         tot = (c or 0) + (a or 0)
-        rows.append(WorldSizeRow(ws, len(g), s, c / tot if c is not None and tot else None,
+        rows.append(WorldSizeRow(ws, counted.get(ws, 0), s, c / tot if c is not None and tot else None,
                                  a / tot if a is not None and tot else None, med("tokens_per_s")))
     return rows
 
@@ -200,16 +277,19 @@ def time_span(run: RunFolder) -> tuple[float, float]:
 
 
 def run_status(run: RunFolder, fl: Sequence[Fault],
-               findings: Sequence[straggler.StragglerFinding]) -> tuple[str, str]:
-    """(status text, css class ok|warn|bad) of the run: finished, failed, incomplete or no metrics."""
-    status, status_class = "finished", "ok"
-    if not run.by_event("step"):
-        status, status_class = "no metrics", "bad"
-    elif run.by_event("failure") and not run.by_event("end"):
-        status, status_class = "failed", "bad"
-    elif not run.by_event("end"):
-        status, status_class = "incomplete (no end record)", "warn"
-    elif fl:
+               findings: Sequence[straggler.StragglerFinding], live: bool = False) -> tuple[str, str]:
+    """(status text, css class ok|warn|bad) of the run: running (``live``), else its
+    :func:`ddplab.controller.rundir.run_outcome` (finished, stopped, failed, incomplete, no metrics)."""
+    outcome = run_outcome(run.records, run.events)
+    status, status_class = {
+        "finished": ("finished", "ok"), "no metrics": ("no metrics", "bad"), "failed": ("failed", "bad"),
+        "stopped": ("stopped by stop.yml", "warn"), "incomplete": ("incomplete (no end record)", "warn"),
+    }[outcome]
+    if live and outcome in ("incomplete", "failed"):  # a failure record mid-run: the group restarts
+        status, status_class = "running", "ok"
+    elif live and outcome == "no metrics":
+        status, status_class = "starting", "warn"
+    elif outcome == "finished" and fl:
         status, status_class = f"finished, {len(fl)} fault(s) survived", "ok"
     if findings:
         status_class = "warn" if status_class == "ok" else status_class

@@ -15,12 +15,12 @@ from ddplab.controller.report.data import (
     Restart,
     faults,
     first_set,
-    loss_per_step,
     per_world_size,
     restarts,
     run_status,
     step_at,
     time_span,
+    train_loss,
     val_points,
     ws_sequence,
 )
@@ -66,8 +66,12 @@ def _fmt_loss(v: Any) -> str:
 
 
 def key_figures(run: RunFolder, rs: list[Restart], fl: list[Fault],
-                findings: list[straggler.StragglerFinding], t0: float, t1: float) -> list[tuple[str, str]]:
-    """The figures shown as cards: summary.json values, else derived from the metrics."""
+                findings: list[straggler.StragglerFinding], t0: float, t1: float,
+                live: bool = False) -> list[tuple[str, str]]:
+    """The figures shown as cards (label, value): summary.json values, else derived from the
+    metrics. The train loss is given twice, each labelled with its step: the last minibatch's
+    (what the progress lines and the loss plot show) and the evaluation estimate
+    (:class:`ddplab.controller.report.data.TrainLoss`)."""
     s = run.summary
     steps = [r["step"] for r in run.by_event("step") if isinstance(r.get("step"), int)]
     ends = run.by_event("end")
@@ -75,23 +79,31 @@ def key_figures(run: RunFolder, rs: list[Restart], fl: list[Fault],
     hosts = s.get("hosts") or sorted({str(r["host"]) for r in run.records if r.get("host")})
     if isinstance(hosts, dict):
         hosts = sorted(hosts)
-    tr = loss_per_step(run)
     end = ends[-1] if ends else {}
+    tl = train_loss(run)
     # summary.json holds null for a run that ended without its final evaluation: show the last seen
-    final_train = first_set(s.get("final_train_loss"), end.get("final_train_loss"),
-                             tr[-1][1] if tr else None)
-    final_val = first_set(s.get("final_val_loss"), end.get("final_val_loss"), vals[-1][1] if vals else None)
+    final_val = first_set(end.get("final_val_loss"), vals[-1][1] if vals else None, s.get("final_val_loss"))
+    val_step = first_set(end.get("step") if end.get("final_val_loss") is not None else None,
+                         vals[-1][0] if vals else None)
     start = next(iter(run.by_event("start")), {})
     tok = [w.tokens_per_s for w in per_world_size(run) if w.tokens_per_s is not None]
     params = num(start.get("params"))
-    if "steps_completed" in s:
-        done = ("steps completed", str(s["steps_completed"]))
+    newest_start = run.by_event("start")[-1] if run.by_event("start") else {}
+    max_steps = first_set(newest_start.get("max_steps"), s.get("max_steps"))
+    of = f" of {max_steps}" if max_steps is not None else ""
+    if "steps_completed" in s and not live:
+        done = ("steps completed", f"{s['steps_completed']}{of}")
     else:
-        done = ("last step", str(max(steps)) if steps else "—")
+        done = ("last step", f"{max(steps)}{of}" if steps else "—")
+
+    def at(step: int | None) -> str:
+        return "" if step is None else f", step {step}"
+
     figures = [
         done,
-        ("final train loss", _fmt_loss(final_train)),
-        ("final val loss", _fmt_loss(final_val)),
+        (f"train loss: last minibatch{at(tl.minibatch_step)}", _fmt_loss(tl.minibatch)),
+        (f"train loss: evaluation estimate{at(tl.estimate_step)}", _fmt_loss(tl.estimate)),
+        (f"val loss: evaluation{at(val_step)}", _fmt_loss(final_val)),
         ("wall time", _fmt_wall(num(s.get("wall_s")) or (t1 - t0 if steps else None))),
         ("nodes", f"{len(hosts)}: {', '.join(map(str, hosts))}" if hosts else "—"),
         ("world sizes", " → ".join(str(w) for w in ws_sequence(run)) or "—"),
@@ -105,12 +117,30 @@ def key_figures(run: RunFolder, rs: list[Restart], fl: list[Fault],
     return figures
 
 
+def live_banner(run: RunFolder, now: float | None = None) -> str:
+    """The live page's banner: ``live, step S of M, updated HH:MM:SS`` (S: the newest step any
+    record names, M: max_steps of the newest start record; local time ``now``, default the clock)."""
+    steps = [s for r in run.records if r.get("event") in ("step", "val", "checkpoint", "end", "failure")
+             and isinstance(s := r.get("step"), int)]
+    starts = run.by_event("start")
+    total = starts[-1].get("max_steps") if starts else None
+    step = f"step {max(steps)} of {total if total is not None else '?'}" if steps else "no step yet"
+    return f"live, {step}, updated {time.strftime('%H:%M:%S', time.localtime(now))}"
+
+
 def render_page(run: RunFolder, findings: list[straggler.StragglerFinding], plots: dict[str, str],
-                cpu_has: tuple[bool, bool], margin: float, window: int, clock_drop: float) -> str:
+                cpu_has: tuple[bool, bool], margin: float, window: int, clock_drop: float,
+                refresh_s: int | None = None) -> str:
     """The report page (HTML text) of ``run``: key figures, recoveries, restarts, straggler
-    findings, per-world-size figures and events, linking the ``plots`` (name -> relative path)."""
+    findings, per-world-size figures, the generated sample and events, linking the ``plots``
+    (name -> relative path).
+
+    ``refresh_s``: a live page (the job runs): a banner (:func:`live_banner`) and a
+    ``<meta http-equiv="refresh">`` of that many seconds; None: the final page, neither.
+    """
     t0, t1 = time_span(run)
     rs, fl = restarts(run), faults(run)
+    live = refresh_s is not None
     recoveries = []
     for f in fl:
         ws = "—"
@@ -123,7 +153,7 @@ def render_page(run: RunFolder, findings: list[straggler.StragglerFinding], plot
             "detected": _fmt_s(f.detected_s), "recovered": _fmt_s(f.recovered_s),
             "steps_lost": "—" if f.steps_lost is None else f.steps_lost, "ws": ws, "outcome": f.outcome,
         })
-    status, status_class = run_status(run, fl, findings)
+    status, status_class = run_status(run, fl, findings, live=live)
     known = {"time", "kind", "mode", "node"}
     events = [{"t": _fmt_clock(num(e.get("time")), t0),
                "clock": time.strftime("%H:%M:%S", time.localtime(num(e.get("time")) or 0))
@@ -142,7 +172,8 @@ def render_page(run: RunFolder, findings: list[straggler.StragglerFinding], plot
         subtitle=f"started {start_txt} · {len(run.metrics_files)} metrics file(s) · folder {run.path}",
         notes=run.notes, no_metrics=not run.by_event("step"), path=str(run.path),
         metrics_files=run.metrics_files, n_records=len(run.records),
-        key_figures=key_figures(run, rs, fl, findings, t0, t1), plots=plots, recoveries=recoveries,
+        key_figures=key_figures(run, rs, fl, findings, t0, t1, live), plots=plots, recoveries=recoveries,
+        refresh_s=refresh_s, banner=live_banner(run) if live else "", samples=sorted(run.samples.items()),
         restarts=[f"{_fmt_clock(r.time, t0)} N={r.world_size} from step {r.step}"
                   + (" (launch)" if r.initial else "") for r in rs],
         findings=[{"kind": f.kind.replace("_", " "), "host": f.host, "rank": f.rank,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -21,6 +22,7 @@ from ddplab.controller.report.data import (
     step_at,
     step_series,
     time_span,
+    train_estimate_points,
     val_points,
     world_size_points,
 )
@@ -37,6 +39,14 @@ def pyplot():
     plt.rcParams.update({"figure.dpi": 100, "font.size": 10, "axes.grid": True, "grid.alpha": 0.3,
                          "axes.spines.top": False, "axes.spines.right": False})
     return plt
+
+
+def save(fig, out: Path) -> None:
+    """Write ``fig`` as PNG to ``out`` atomically (a temporary file, then os.replace): a browser
+    reloading the live report never reads a half-written plot."""
+    tmp = out.with_name(f".{out.name}.tmp")
+    fig.savefig(tmp, format="png")
+    os.replace(tmp, out)
 
 
 def _worker_colors(workers: Iterable[straggler.WorkerKey]) -> dict[straggler.WorkerKey, Any]:
@@ -111,20 +121,26 @@ def _mark_faults_steps(ax, run: RunFolder, fl: list[Fault], rs: list[Restart], s
 
 def plot_loss(run: RunFolder, fl: list[Fault], rs: list[Restart], out: Path) -> None:
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(11, 3.8))
+    fig, ax = plt.subplots(figsize=(11, 4.2))
     tr = loss_per_step(run)
-    ax.plot([s for s, _ in tr], [v for _, v in tr], color="tab:blue", lw=1.2, label="train loss")
+    ax.plot([s for s, _ in tr], [v for _, v in tr], color="tab:blue", lw=1.2,
+            label="train loss (minibatch, mean over ranks)")
+    te = train_estimate_points(run)
+    if te:
+        ax.plot([s for s, _ in te], [v for _, v in te], "s--", color="tab:purple", ms=4, lw=1,
+                label="train loss (evaluation estimate)")
     va = val_points(run)
     if va:
-        ax.plot([s for s, _ in va], [v for _, v in va], "o-", color="tab:green", ms=5, label="val loss")
+        ax.plot([s for s, _ in va], [v for _, v in va], "o-", color="tab:green", ms=5,
+                label="val loss (evaluation)")
     _mark_faults_steps(ax, run, fl, rs, span=max([s for s, _ in tr] + [1]))
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title("Loss per step (red: fault injected, orange: group restarted)", loc="left")
-    # above the axes, right: never over the fault/restart labels at the top of the plot
-    ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncols=2, frameon=False)
+    # below the axes: never over the title or the fault/restart labels at the top of the plot
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=3, frameon=False)
     fig.tight_layout()
-    fig.savefig(out)
+    save(fig, out)
     plt.close(fig)
 
 
@@ -185,7 +201,7 @@ def plot_step_time(run: RunFolder, findings: list[straggler.StragglerFinding], m
     ax2.set_title("Straggler tail (shaded: flagged straggler windows)", loc="left")
     ax2.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
-    fig.savefig(out)
+    save(fig, out)
     plt.close(fig)
 
 
@@ -228,7 +244,7 @@ def plot_world_size(run: RunFolder, fl: list[Fault], rs: list[Restart], tx: Time
     ax.set_ylabel("world size")
     ax.set_title("World size over time (red: fault, orange: restart, gray: no training)", loc="left")
     fig.tight_layout()
-    fig.savefig(out)
+    save(fig, out)
     plt.close(fig)
 
 
@@ -267,7 +283,7 @@ def plot_cpu(run: RunFolder, tx: TimeAxis, out: Path) -> tuple[bool, bool]:
         ax.set_ylabel(unit)
         have.append(any_val)
     fig.tight_layout()
-    fig.savefig(out)
+    save(fig, out)
     plt.close(fig)
     return have[0], have[1]
 
@@ -295,7 +311,7 @@ def plot_share(run: RunFolder, rs: list[Restart], out: Path) -> None:
     ax.set_title("Where a step's time goes: compute vs all-reduce", loc="left")
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
-    fig.savefig(out)
+    save(fig, out)
     plt.close(fig)
 
 
