@@ -119,7 +119,7 @@ def test_render_is_one_table_with_the_store_line():
              "restarts": 0}
     text = table.render(rows, store, "20261130-190000-abcd", width=160)
     lines = text.splitlines()
-    assert lines[0].strip() == "run 20261130-190000-abcd"
+    assert lines[0].strip() == "run 20261130-190000-abcd (engine torchelastic)"
     header = next(line for line in lines if "node" in line)
     for col in table.COLUMNS:
         assert col in header, col

@@ -79,7 +79,8 @@ def node_progress(records: Sequence[Record]) -> dict[str, Any]:
     """The newest figures of one node from its records (any order).
 
     Returns ``{step, run_id, max_steps, loss, val_loss, world_size, tokens_per_s, restart_count, rank,
-    age_s, step_age_s, finished, failure, stop_cause}`` (None where unknown); ``age_s``: seconds since
+    age_s, step_age_s, finished, failure, stop_cause, engine}`` (None where unknown); ``engine``: the
+    recovery engine of the newest start record (torchelastic when it names none); ``age_s``: seconds since
     the newest record; ``step_age_s``: seconds since the newest ``step`` record; ``stop_cause``: the
     ``cause`` of a newest ``failure`` record (divergence, signal, ...).
     """
@@ -119,6 +120,7 @@ def node_progress(records: Sequence[Record]) -> dict[str, Any]:
         "finished": bool(events_of(recs, "end")),
         "failure": failure,
         "stop_cause": stop_cause,
+        "engine": (str(starts[-1].get("engine") or "torchelastic")) if starts else None,
     }
 
 

@@ -3,15 +3,19 @@
 Runs on the controller, once. Takes what ``ddp_job_watch`` (``once: true``) read on every trainer
 and the rendezvous store's ``python -m ddplab.controller.rdzv_store status`` document, prints one
 row per laptop (agent state, run id, step / max steps, train and val loss, world size, rank,
-tokens/s, restarts, seconds since the last step, last failure) and the store's line, and fails
-(one line) when a node is unreachable, its state could not be read, or its job failed.
+tokens/s, restarts, seconds since the last step, last failure) under a heading that names the run
+and its recovery engine, then the store's line and (per_step engine, or when it runs) the torchft
+lighthouse's, and fails (one line) when a node is unreachable, its state could not be read, or its
+job failed.
 
 Options: ``nodes`` (inventory name -> the registered ``ddp_job_watch`` result; a skipped or
 missing result means no run to look at), ``store`` (the store document, {} when not read),
-``run_id`` (the run looked at, for the heading), ``width`` (columns of the table, default 160).
+``lighthouse`` (``python -m ddplab.controller.lighthouse status``, {} when not read), ``run_id``
+(the run looked at, for the heading), ``width`` (columns of the table, default 160).
 
-Returns ``rows`` (one dict per node: see :func:`row_of`), ``store_line``, ``bad`` (the nodes
-that make it fail: then only ``msg``, one line) and ``table`` (the text printed).
+Returns ``rows`` (one dict per node: see :func:`row_of`), ``store_line``, ``lighthouse_line``
+("" when not shown), ``engine``, ``bad`` (the nodes that make it fail: then only ``msg``, one
+line) and ``table`` (the text printed).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ display = Display()
 ARGS = {
     "nodes": {"type": "dict", "required": True},
     "store": {"type": "dict", "default": {}},
+    "lighthouse": {"type": "dict", "default": {}},
     "run_id": {"type": "str", "default": ""},
     "width": {"type": "int", "default": 160},
 }
@@ -53,8 +58,9 @@ def row_of(host: str, res: Mapping[str, Any] | None) -> dict[str, Any]:
     """One table row from a node's ``ddp_job_watch`` result (``once: true``).
 
     ``res`` None or skipped: no run to look at (``no job``). Returns ``{node, agent, run, step,
-    loss, val, ws, rank, tok/s, restarts, last step s, last failure}``, all strings; ``agent`` is
-    running | ended | failed | no job | unreachable | error.
+    loss, val, ws, rank, tok/s, restarts, last step s, last failure, engine}``, all strings
+    (``engine``: the node's recovery engine, "" when unknown); ``agent`` is running | ended |
+    failed | no job | unreachable | error.
     """
     res = res or {}
     state = "absent" if res.get("skipped") or not res.get("state") else str(res["state"])
@@ -84,29 +90,55 @@ def row_of(host: str, res: Mapping[str, Any] | None) -> dict[str, Any]:
         "restarts": _f(p.get("restart_count"), "d"),
         "last step s": _f(p.get("step_age_s"), ".0f"),
         "last failure": str(failure).splitlines()[0][:100] if failure else "",
+        "engine": str(p.get("engine") or ""),
     }
 
 
+def service_line(label: str, doc: Mapping[str, Any], more: str = "") -> str:
+    """A supervised controller service (``ddplab.controller.supervisor`` status document) in one
+    line, e.g. ``rendezvous store: running on port 29400 at 10.89.0.1 (answering, supervisor pid
+    123, restarts 0)`` or ``rendezvous store: stopped (port 29400)``; ``more`` is appended inside
+    the brackets of a running one."""
+    if not doc:
+        return f"{label}: not read"
+    port = doc.get("port", "?")
+    if doc.get("error"):
+        return f"{label}: unknown on port {port} ({doc['error']})"
+    if not doc.get("running"):
+        return f"{label}: stopped (port {port})"
+    answer = "answering" if doc.get("answering") else "NOT answering"
+    return (f"{label}: running on port {port} at {doc.get('host', '?')} ({answer}, "
+            f"supervisor pid {doc.get('supervisor_pid', '?')}, restarts {doc.get('restarts', 0)}{more})")
+
+
 def store_line(store: Mapping[str, Any]) -> str:
-    """The rendezvous store in one line, e.g. ``rendezvous store: running on port 29400 (answering,
-    supervisor pid 123, restarts 0)`` or ``rendezvous store: stopped (port 29400)``."""
-    if not store:
-        return "rendezvous store: not read"
-    port = store.get("port", "?")
-    if store.get("error"):
-        return f"rendezvous store: unknown on port {port} ({store['error']})"
-    if not store.get("running"):
-        return f"rendezvous store: stopped (port {port})"
-    answer = "answering" if store.get("answering") else "NOT answering"
-    return (f"rendezvous store: running on port {port} at {store.get('host', '?')} ({answer}, "
-            f"supervisor pid {store.get('supervisor_pid', '?')}, restarts {store.get('restarts', 0)})")
+    """The rendezvous store in one line (:func:`service_line`)."""
+    return service_line("rendezvous store", store)
+
+
+def lighthouse_line(lighthouse: Mapping[str, Any]) -> str:
+    """The torchft lighthouse in one line (:func:`service_line`), with the quorum when it answers:
+    ``, quorum 4 of laptop-a, laptop-b``."""
+    more = ""
+    if lighthouse.get("quorum_id") is not None:
+        names = [str(p.get("replica_id")) for p in lighthouse.get("participants") or []]
+        more = f", quorum {lighthouse['quorum_id']} of {', '.join(names) or 'nobody'}"
+    return service_line("torchft lighthouse", lighthouse, more)
+
+
+def engine_of(rows: Sequence[Mapping[str, str]]) -> str:
+    """The recovery engine the nodes report (``torchelastic``, ``per_step``; several joined by
+    ``/``; "" when no node has started)."""
+    return "/".join(sorted({r.get("engine", "") for r in rows} - {""}))
 
 
 def render(rows: Sequence[Mapping[str, str]], store: Mapping[str, Any], run_id: str = "",
-           width: int = 160) -> str:
-    """The table (``rich``, plain text without colour codes) and the store's line below it."""
-    table = Table(box=box.SIMPLE_HEAD, title=f"run {run_id}" if run_id else "no run", title_justify="left",
-                  pad_edge=False)
+           width: int = 160, lighthouse: Mapping[str, Any] | None = None) -> str:
+    """The table (``rich``, plain text without colour codes) under a heading naming the run and its
+    engine, the store's line below it, and the lighthouse's when the engine is per_step or it runs."""
+    engine = engine_of(rows)
+    title = (f"run {run_id}" if run_id else "no run") + (f" (engine {engine})" if engine else "")
+    table = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left", pad_edge=False)
     for c in COLUMNS:
         table.add_column(c, justify="right" if c in ("step", "loss", "val", "ws", "rank", "tok/s",
                                                      "restarts", "last step s") else "left",
@@ -117,6 +149,8 @@ def render(rows: Sequence[Mapping[str, str]], store: Mapping[str, Any], run_id: 
     console = Console(file=buf, width=width, color_system=None, force_terminal=False, legacy_windows=False)
     console.print(table)
     console.print(store_line(store), markup=False, highlight=False)
+    if "per_step" in engine or (lighthouse or {}).get("running"):
+        console.print(lighthouse_line(lighthouse or {}), markup=False, highlight=False)
     return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()).strip("\n")
 
 
@@ -135,13 +169,15 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         _, args = self.validate_argument_spec(argument_spec=ARGS)
         rows = [row_of(h, r) for h, r in args["nodes"].items()]
-        text = render(rows, args["store"], args["run_id"], args["width"])
+        text = render(rows, args["store"], args["run_id"], args["width"], args["lighthouse"])
         display.display(text)
         bad = bad_nodes(rows)
         if bad:  # one line under the table: the failed result carries nothing else
             result.update({"changed": False, "failed": True,
                            "msg": f"not every laptop is well: {', '.join(bad)} (the table above says why)"})
             return result
+        shown = "per_step" in engine_of(rows) or args["lighthouse"].get("running")
         result.update({"changed": False, "rows": rows, "store_line": store_line(args["store"]),
-                       "bad": bad, "table": text})
+                       "lighthouse_line": lighthouse_line(args["lighthouse"]) if shown else "",
+                       "engine": engine_of(rows), "bad": bad, "table": text})
         return result
