@@ -42,11 +42,15 @@ $(VENV)/.done: requirements.txt requirements-torch.txt
 
 venv: $(VENV)/.done ## the controller venv: ansible, molecule, linters, torch (pinned)
 
-image: deps ## build the lab node image offline (debootstrap -> podman import -> build); cached
+# lab/lab.py writes containers.conf with tomli_w (requirements.txt): it runs with the venv's python.
+image: deps venv ## build the lab node image offline (debootstrap -> podman import -> build); cached
 	$(LAB) image
 
-lab-up: deps venv ## three systemd containers laptop-a/b/c on the network ddp-lab, SSH as labadmin; writes inventory/lab/hosts.yml
-	$(LAB) up
+# LAB_NODES: how many laptops (laptop-a, laptop-b, ...); empty = the running lab's size, else 3.
+LAB_NODES ?=
+
+lab-up: deps venv ## LAB_NODES (default 3) systemd containers laptop-a, -b, ... on the network ddp-lab, SSH as labadmin; writes inventory/lab/hosts.yml
+	$(LAB) up $(if $(LAB_NODES),--nodes $(LAB_NODES))
 
 lab-down: ## remove the lab containers, network, inventory and SSH state (lab/.state/ssh)
 	$(LAB) down

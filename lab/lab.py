@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""The ddp-lab built-in lab: three systemd containers that play three laptops.
+"""The ddp-lab built-in lab: N systemd containers (3 unless told) that play N laptops.
 
 Subcommands (``lab/lab.py --help``):
 
 - ``image``  build ``localhost/ddp-lab-node:bookworm`` offline: debootstrap (cached tarball) ->
   ``podman import`` -> ``podman build`` from ``lab/image/Containerfile``. Skipped when the image
   carries the hash of the current recipe in its ``ddp-lab.recipe`` label.
-- ``up``     network ``ddp-lab`` + containers ``laptop-a/b/c`` (systemd as PID 1) at fixed addresses
-  (.11-.13 of the network), waits for systemd, checks that a server on the network gateway (the
+- ``up``     network ``ddp-lab`` + containers ``laptop-a``, ``laptop-b``, ... (``--nodes N``, default the
+  running lab's size, else 3; systemd as PID 1) at fixed addresses (.11, .12, ... of the
+  network), waits for systemd, checks that a server on the network gateway (the
   controller) is reachable from a node, gives every node SSH access as a laptop has it (see
   ``access``) and writes ``inventory/lab/hosts.yml``. A second run changes nothing.
 - ``access`` the SSH path for given containers (the molecule scenarios' prepare step uses it): a key
@@ -15,7 +16,8 @@ Subcommands (``lab/lab.py --help``):
   key authorised and passwordless sudo (a sudoers drop-in: the lab only), and a known_hosts file
   with each node's host keys read from inside the container (trusted; no TOFU scan over the
   network). Ansible connects as that account over SSH, host-key checking on.
-- ``down``   removes the containers, the network, the generated inventory and the lab's SSH state.
+- ``down``   removes the containers (every lab node, whatever N was), the network, the generated
+  inventory and the lab's SSH state.
 - ``status`` one line per node.
 - ``detect`` container-runtime detection alone (see below); prints the containers.conf path.
 
@@ -25,12 +27,15 @@ A tiny probe container finds out; what it needs is written to ``lab/.state/conta
 host's own containers.conf settings merged with the overrides), and every podman user of the
 project points ``CONTAINERS_CONF`` at it (the Makefile, ``lab/env.sh``, the molecule base config).
 
-Only the standard library is used, so the script runs before the controller venv exists.
+Only the standard library is used, except for writing containers.conf (``tomli_w``, pinned in
+requirements.txt: ``make image`` and ``make lab-up`` run this script with the controller venv's
+python); the other subcommands run before the controller venv exists.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import functools
 import hashlib
@@ -38,7 +43,6 @@ import http.server
 import ipaddress
 import json
 import os
-import re
 import resource
 import shutil
 import subprocess
@@ -52,6 +56,10 @@ try:
     import tomllib
 except ImportError:  # Python < 3.11: the host's containers.conf cannot be carried over
     tomllib = None
+try:
+    import tomli_w
+except ImportError:  # outside the controller venv: only writing containers.conf needs it
+    tomli_w = None
 
 REPO = Path(__file__).resolve().parent.parent
 LAB_DIR = REPO / "lab"
@@ -67,7 +75,10 @@ TAG = os.environ.get("DDP_LAB_IMAGE_TAG", SUITE)
 BASE_IMAGE = f"localhost/ddp-lab-base:{TAG}"
 NODE_IMAGE = f"localhost/ddp-lab-node:{TAG}"
 NETWORK = "ddp-lab"
-NODES = ("laptop-a", "laptop-b", "laptop-c")
+# The lab's laptops: laptop-a, laptop-b, ... (``up --nodes N``; `make lab-up LAB_NODES=N`).
+NODE_NAME_PREFIX = "laptop-"
+NODE_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+DEFAULT_NODE_COUNT = 3
 LABEL = "ddp-lab.lab"
 RECIPE_LABEL = "ddp-lab.recipe"
 
@@ -75,7 +86,14 @@ RECIPE_LABEL = "ddp-lab.recipe"
 RLIMIT_CEILING = {"nofile": 1048576, "nproc": 4194304}
 RLIMIT_FLOOR = 1024
 SYSTEMD_READY_TIMEOUT_S = 120
-# The lab's laptops get fixed addresses on the lab network (host numbers 11, 12, 13), as laptops
+# The image build's long steps (debootstrap, podman import, podman build) print a progress line at
+# least this often; their whole output goes to BUILD_LOG.
+PROGRESS_INTERVAL_S = 10.0
+BUILD_LOG = STATE_DIR / "image-build.log"
+# The output lines that say which step a tool is at: podman build's `STEP 3/14: RUN ...`,
+# debootstrap's `I: Retrieving ...` / `I: Unpacking ...`.
+STEP_PREFIXES = ("STEP ", "I: ")
+# The lab's laptops get fixed addresses on the lab network (host numbers 11, 12, ...), as laptops
 # with DHCP reservations: an address survives a power-off (roles/fault) and the inventory keeps it.
 FIRST_HOST_NUMBER = 11
 
@@ -184,34 +202,22 @@ def _merge(base: dict, extra: dict) -> dict:
     return merged
 
 
-def _toml_key(key: str) -> str:
-    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
+def dump_toml(data: dict) -> str:
+    """``data`` as TOML text (tomli_w): tables, arrays of tables, scalars, dates, any Unicode.
 
-
-def _toml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid TOML basic string
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise LabError(f"cannot write {type(value).__name__} values to containers.conf")
-
-
-def dump_toml(data: dict, prefix: tuple[str, ...] = ()) -> str:
-    """Serialise the subset of TOML that containers.conf uses (tables, scalars, arrays)."""
-    lines = [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
-    text = ""
-    if prefix and (lines or not any(isinstance(v, dict) for v in data.values())):
-        text += "\n[" + ".".join(_toml_key(p) for p in prefix) + "]\n"
-    if lines:
-        text += "\n".join(lines) + "\n"
-    for key, value in data.items():
-        if isinstance(value, dict):
-            text += dump_toml(value, (*prefix, key))
-    return text
+    Raises:
+        LabError: tomli_w is not importable (lab/lab.py run outside the controller venv), or
+            ``data`` holds a value TOML has no type for (e.g. None).
+    """
+    if tomli_w is None:
+        raise LabError(
+            "writing containers.conf needs tomli_w: run `make image` (it uses the controller venv), "
+            "or .venv/bin/python lab/lab.py after `make venv`"
+        )
+    try:
+        return tomli_w.dumps(data)
+    except TypeError as exc:
+        raise LabError(f"cannot write these settings to containers.conf: {exc}") from exc
 
 
 def atomic_write(path: Path, text: str) -> bool:
@@ -350,6 +356,76 @@ def _detect(image: str, candidate: Path) -> Path:
 # --------------------------------------------------------------------------- image
 
 
+def _short(line: str, width: int = 100) -> str:
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def run_with_progress(
+    argv: list[str],
+    what: str,
+    *,
+    log_path: Path,
+    stdin: object = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 1800.0,
+    interval: float = PROGRESS_INTERVAL_S,
+) -> tuple[int, list[str]]:
+    """Run ``argv`` (stdout and stderr into ``log_path``, appended) and print ``lab: <what>: <s> s,
+    <the step it is at>`` every ``interval`` seconds while it runs; the step is its latest line
+    starting with one of ``STEP_PREFIXES`` (podman build's ``STEP n/m``, debootstrap's ``I:``),
+    followed by its latest line when that differs.
+
+    Returns:
+        (exit code, its last 20 non-empty output lines).
+
+    Raises:
+        LabError: it ran longer than ``timeout`` seconds (it is killed first).
+    """
+    t0 = time.monotonic()
+    tail: collections.deque[str] = collections.deque(maxlen=20)
+    step = ["started"]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("a", encoding="utf-8", errors="replace") as log_fh:
+        log_fh.write(f"$ {' '.join(argv)}\n")
+        log_fh.flush()
+        proc = subprocess.Popen(
+            argv,
+            stdin=stdin if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            text=True,
+            errors="replace",
+        )
+
+        def read() -> None:
+            for raw in proc.stdout:
+                log_fh.write(raw)
+                line = raw.strip()
+                if line:
+                    tail.append(line)
+                    if line.startswith(STEP_PREFIXES):
+                        step[0] = line
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        while proc.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=interval)
+            elapsed = time.monotonic() - t0
+            if proc.returncode is not None:
+                break
+            if elapsed > timeout:
+                proc.kill()
+                proc.wait()
+                raise LabError(f"{what} ran longer than {timeout:.0f} s and was stopped; see {rel(log_path)}")
+            latest = tail[-1] if tail else ""
+            more = f" | {_short(latest)}" if latest and latest != step[0] else ""
+            log(f"{what}: {elapsed:.0f} s, {_short(step[0])}{more}")
+        reader.join()
+    return proc.returncode, list(tail)
+
+
 def recipe_hash() -> str:
     """sha256 over the files of lab/image/ and the debootstrap parameters."""
     digest = hashlib.sha256(f"{SUITE} minbase {MIRROR}\n".encode())
@@ -372,14 +448,17 @@ def base_tarball() -> Path:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(dir=STATE_DIR, prefix="rootfs-") as tmp:
         rootfs = Path(tmp) / "rootfs"
-        proc = subprocess.run(
-            ["debootstrap", "--variant=minbase", SUITE, str(rootfs), MIRROR], capture_output=True, check=False
-        )
-        if proc.returncode != 0:
-            tail = proc.stdout.decode(errors="replace").strip().splitlines()[-5:]
-            raise LabError(f"debootstrap failed (is {MIRROR} reachable?): " + " | ".join(tail))
+        argv = ["debootstrap", "--variant=minbase", SUITE, str(rootfs), MIRROR]
+        code, tail = run_with_progress(argv, "debootstrap", log_path=BUILD_LOG)
+        if code != 0:
+            raise LabError(f"debootstrap failed (is {MIRROR} reachable?): " + " | ".join(tail[-5:]))
         partial = Path(tmp) / "rootfs.tar"
-        subprocess.run(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(partial), "."], check=True)
+        argv = ["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(partial), "."]
+        code, tail = run_with_progress(
+            argv, f"tar of the root filesystem -> {rel(tarball)}", log_path=BUILD_LOG
+        )
+        if code != 0:
+            raise LabError("tar of the debootstrap'd root filesystem failed: " + " | ".join(tail[-5:]))
         partial.replace(tarball)
     log(f"debootstrap done in {time.monotonic() - t0:.0f} s -> {rel(tarball)}")
     return tarball
@@ -391,15 +470,10 @@ def ensure_base_image() -> None:
     tarball = base_tarball()
     log(f"podman import {tarball.name} -> {BASE_IMAGE}")
     with tarball.open("rb") as fh:
-        proc = subprocess.run(
-            ["podman", "import", "--quiet", "-", BASE_IMAGE],
-            stdin=fh,
-            env=podman_env(),
-            capture_output=True,
-            check=False,
-        )
-    if proc.returncode != 0:
-        raise LabError(f"podman import failed: {proc.stderr.decode(errors='replace').strip()}")
+        argv = ["podman", "import", "--quiet", "-", BASE_IMAGE]
+        code, tail = run_with_progress(argv, "podman import", log_path=BUILD_LOG, stdin=fh, env=podman_env())
+    if code != 0:
+        raise LabError("podman import failed: " + " | ".join(tail[-5:]))
 
 
 def probe_image() -> str:
@@ -413,27 +487,22 @@ def cmd_image(_args: argparse.Namespace | None = None) -> None:
         log(f"image {NODE_IMAGE} is up to date (recipe {want})")
         return
     t0 = time.monotonic()
+    if shutil.which("podman") is None:
+        raise LabError("podman is not installed: run `make deps` (or lab/host-deps.sh as root)")
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    BUILD_LOG.write_text("")  # this build's output only
     ensure_base_image()
     detect_runtime(BASE_IMAGE)
-    log(f"podman build {NODE_IMAGE} (recipe {want})")
-    proc = podman(
-        "build",
-        "--pull=never",
-        "--build-arg",
-        f"BASE_IMAGE={BASE_IMAGE}",
-        "--label",
-        f"{RECIPE_LABEL}={want}",
-        "--tag",
-        NODE_IMAGE,
-        "--file",
-        str(RECIPE_DIR / "Containerfile"),
-        str(RECIPE_DIR),
-        check=False,
-        capture=False,
-        timeout=1800,
-    )
-    if proc.returncode != 0:
-        raise LabError(f"podman build failed (exit {proc.returncode}); see the output above")
+    log(f"podman build {NODE_IMAGE} (recipe {want}); its output goes to {rel(BUILD_LOG)}")
+    argv = [
+        "podman", "build", "--pull=never", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}",
+        "--label", f"{RECIPE_LABEL}={want}", "--tag", NODE_IMAGE,
+        "--file", str(RECIPE_DIR / "Containerfile"), str(RECIPE_DIR),
+    ]  # fmt: skip
+    code, tail = run_with_progress(argv, "podman build", log_path=BUILD_LOG, env=podman_env())
+    if code != 0:
+        last = " | ".join(tail[-5:])
+        raise LabError(f"podman build failed (exit {code}): {last}; the whole output: {rel(BUILD_LOG)}")
     podman("image", "prune", "--force", "--filter", f"label={RECIPE_LABEL}", check=False)
     log(f"image {NODE_IMAGE} built in {time.monotonic() - t0:.0f} s")
 
@@ -516,16 +585,85 @@ def check_gateway_reachable(gateway: str, node: str) -> None:
 # --------------------------------------------------------------------------- SSH path
 
 
-def node_addresses() -> dict[str, str]:
-    """The lab's fixed node addresses: host numbers 11, 12, ... of the lab network's IPv4 subnet."""
+def node_names(count: int) -> tuple[str, ...]:
+    """The names of a lab of ``count`` laptops: ``laptop-a``, ``laptop-b``, ... in address order.
+
+    Raises:
+        LabError: ``count`` is below 1 or above 26 (one letter per node).
+    """
+    if not 1 <= count <= len(NODE_LETTERS):
+        raise LabError(f"a lab has 1 to {len(NODE_LETTERS)} nodes, not {count}: choose LAB_NODES in range")
+    return tuple(NODE_NAME_PREFIX + letter for letter in NODE_LETTERS[:count])
+
+
+def node_index(name: str) -> int:
+    """Position (0-based) of the lab node ``name`` (``laptop-<letter>``): 0 for laptop-a.
+
+    Raises:
+        LabError: ``name`` is not a lab node's name.
+    """
+    letter = name.removeprefix(NODE_NAME_PREFIX)
+    if not name.startswith(NODE_NAME_PREFIX) or len(letter) != 1 or letter not in NODE_LETTERS:
+        raise LabError(f"{name!r} is not a lab node's name ({NODE_NAME_PREFIX}a ... {NODE_NAME_PREFIX}z)")
+    return NODE_LETTERS.index(letter)
+
+
+def node_address(subnet: str, index: int) -> str:
+    """The fixed address of lab node ``index`` (0-based) in the IPv4 network ``subnet`` (e.g.
+    ``10.89.3.0/24``): host number ``FIRST_HOST_NUMBER + index``, so .11, .12, ... on a /24.
+
+    Raises:
+        LabError: ``subnet`` is not IPv4 or has no room for that host number below its broadcast.
+    """
+    net = ipaddress.ip_network(subnet, strict=False)
+    number = FIRST_HOST_NUMBER + index
+    if net.version != 4 or number >= net.num_addresses - 1:
+        raise LabError(f"the network {subnet} has no room for node {index + 1} (host number {number})")
+    return str(net[number])
+
+
+def node_addresses(names: tuple[str, ...]) -> dict[str, str]:
+    """The fixed addresses of the lab nodes ``names`` on the lab network's IPv4 subnet."""
     info = json.loads(out(podman("network", "inspect", NETWORK)))[0]
     for subnet in info.get("subnets") or []:
-        net = ipaddress.ip_network(subnet.get("subnet", "::/128"), strict=False)
-        if net.version == 4 and net.num_addresses > FIRST_HOST_NUMBER + len(NODES) + 1:
-            return {name: str(net[FIRST_HOST_NUMBER + i]) for i, name in enumerate(NODES)}
+        if ":" in subnet.get("subnet", ":"):
+            continue
+        try:
+            return {name: node_address(subnet["subnet"], node_index(name)) for name in names}
+        except LabError:
+            break
     raise LabError(
         f"podman network {NETWORK} has no IPv4 subnet with room for the nodes: `make lab-down lab-up`"
     )
+
+
+def lab_containers() -> list[str]:
+    """The lab's node containers that exist (running or not), in address order: containers with the
+    lab's label and a lab node's name (molecule's nodes carry a prefix and no label)."""
+    proc = podman("container", "ls", "--all", "--filter", f"label={LABEL}=1", "--format", "{{.Names}}")
+    names = set(out(proc).split())
+    return sorted((n for n in names if n in node_names(len(NODE_LETTERS))), key=node_index)
+
+
+def node_count(requested: int | None, present: list[str]) -> int:
+    """How many nodes ``up`` gives the lab: ``requested``, else enough to keep every node of
+    ``present`` (the existing lab's node containers), else ``DEFAULT_NODE_COUNT``.
+
+    Raises:
+        LabError: ``requested`` would leave an existing node out of the inventory (a one-line error
+            before anything is changed: nothing of a running lab is removed by ``up``).
+    """
+    keep = max((node_index(n) + 1 for n in present), default=0)
+    if requested is None:
+        return keep or DEFAULT_NODE_COUNT
+    names = node_names(requested)
+    extra = [n for n in present if n not in names]
+    if extra:
+        raise LabError(
+            f"the lab has the nodes {', '.join(present)}; LAB_NODES={requested} would leave "
+            f"{', '.join(extra)} out of the inventory: `make lab-down` first, or LAB_NODES={keep}"
+        )
+    return requested
 
 
 def container_address(name: str) -> str:
@@ -689,16 +827,19 @@ def ssh_common_args(known_hosts: Path) -> str:
 def render_inventory(gateway: str, addresses: dict[str, str]) -> str:
     venv_python = Path(os.environ.get("DDP_LAB_CONTROLLER_PYTHON", REPO / ".venv" / "bin" / "python"))
     hosts = "\n".join(
-        f"        {n}:\n          ansible_host: {addresses[n]}\n          lab_container: {n}" for n in NODES
+        f"        {name}:\n          ansible_host: {address}\n          lab_container: {name}"
+        for name, address in addresses.items()
     )
     key, known_hosts = LAB_SSH_DIR / KEY_NAME, LAB_SSH_DIR / KNOWN_HOSTS_NAME
     return f"""---
 # Written by `make lab-up` (lab/lab.py); `make lab-down` removes it. Do not edit: edit lab/lab.py.
-# The three lab laptops are podman containers on the network {NETWORK}; the controller (this
+# The {len(addresses)} lab laptops are podman containers on the network {NETWORK}; the controller (this
 # machine) hosts the rendezvous store on that network's gateway address. Ansible reaches them as
 # a laptop is reached: SSH as the sudo account {ADMIN_USER}, the project's key, host keys from
 # {rel(known_hosts)} (read from inside each container). lab_container: the podman container
-# of the node, for what the lab does from outside (roles/fault: power off, start).
+# of the node, for what the lab does from outside (roles/fault: power off, start). The job's
+# elastic range follows the group's size: torchrun --nnodes 1:{len(addresses)} unless
+# ddp_job_nnodes_min/ddp_job_nnodes_max say otherwise.
 all:
   children:
     trainers:
@@ -719,16 +860,17 @@ all:
 """
 
 
-def cmd_up(_args: argparse.Namespace | None = None) -> None:
+def cmd_up(args: argparse.Namespace | None = None) -> None:
     t0 = time.monotonic()
+    nodes = node_names(node_count(getattr(args, "nodes", None), lab_containers()))
     cmd_image()
     changed: list[str] = []
     if podman("network", "exists", NETWORK, check=False).returncode != 0:
         podman("network", "create", "--label", f"{LABEL}=1", NETWORK)
         changed.append(f"network {NETWORK} created")
     image_id = out(podman("image", "inspect", "--format", "{{.Id}}", NODE_IMAGE))
-    addresses = node_addresses()
-    for name in NODES:
+    addresses = node_addresses(nodes)
+    for name in nodes:
         state = container_state(name)
         if state is None:
             podman(
@@ -763,10 +905,10 @@ def cmd_up(_args: argparse.Namespace | None = None) -> None:
             if not state["State"].get("Running"):
                 podman("start", name)
                 changed.append(f"{name} started")
-    states = {name: wait_for_systemd(name) for name in NODES}
+    states = {name: wait_for_systemd(name) for name in nodes}
     gateway = network_gateway()
-    check_gateway_reachable(gateway, NODES[0])
-    for name in NODES:
+    check_gateway_reachable(gateway, nodes[0])
+    for name in nodes:
         have = container_address(name)
         if have != addresses[name]:
             raise LabError(
@@ -780,7 +922,7 @@ def cmd_up(_args: argparse.Namespace | None = None) -> None:
     log(f"{'; '.join(changed) if changed else 'nothing changed'}")
     log(
         f"lab is up in {time.monotonic() - t0:.0f} s: {summary}; SSH as {ADMIN_USER} works; "
-        f"rendezvous_address {gateway} (reachable from {NODES[0]}); inventory {rel(INVENTORY_FILE)}"
+        f"rendezvous_address {gateway} (reachable from {nodes[0]}); inventory {rel(INVENTORY_FILE)}"
     )
 
 
@@ -797,12 +939,9 @@ def close_ssh_master(address: str) -> bool:
 
 def cmd_down(_args: argparse.Namespace | None = None) -> None:
     changed: list[str] = []
-    for name in NODES:
+    for name in lab_containers():
         state = container_state(name)
         if state is None:
-            continue
-        if state.get("Config", {}).get("Labels", {}).get(LABEL) != "1":
-            log(f"leaving {name} alone: it is not a ddp-lab node")
             continue
         for net in (state.get("NetworkSettings", {}).get("Networks") or {}).values():
             if net.get("IPAddress") and close_ssh_master(net["IPAddress"]):
@@ -864,10 +1003,12 @@ def cmd_status(_args: argparse.Namespace | None = None) -> None:
     print(f"image    {NODE_IMAGE}: {verdict}")
     net = podman("network", "exists", NETWORK, check=False).returncode == 0
     print(f"network  {NETWORK}: {network_gateway() if net else 'absent'}")
-    for name in NODES:
+    present = lab_containers()
+    if not present:
+        print("nodes    none (`make lab-up [LAB_NODES=N]`)")
+    for name in present:
         state = container_state(name)
         if state is None:
-            print(f"{name} absent")
             continue
         running = state["State"].get("Running")
         systemd = "-"
@@ -890,7 +1031,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     for name, func, help_ in (
         ("image", cmd_image, "build the node image (cached by recipe hash)"),
-        ("up", cmd_up, "start the three lab laptops and write inventory/lab/hosts.yml"),
+        ("up", cmd_up, "start the lab laptops (--nodes N) and write inventory/lab/hosts.yml"),
         ("access", cmd_access, "SSH access for given containers: key pair, sudo account, known_hosts"),
         ("network", cmd_network, "make a podman network with a given subnet unless it exists"),
         ("down", cmd_down, "remove the lab containers, network, generated inventory and SSH state"),
@@ -898,6 +1039,12 @@ def main(argv: list[str] | None = None) -> int:
         ("detect", cmd_detect, "container-runtime detection; prints the containers.conf path"),
     ):
         sub.add_parser(name, help=help_).set_defaults(func=func)
+    sub.choices["up"].add_argument(
+        "--nodes",
+        type=int,
+        help=f"how many laptops (laptop-a, laptop-b, ...; 1-{len(NODE_LETTERS)}): default the running "
+        f"lab's size, else {DEFAULT_NODE_COUNT}; fewer than the lab has is an error (`down` first)",
+    )
     access = sub.choices["access"]
     access.add_argument(
         "--state-dir", required=True, help="folder of the key pair and known_hosts (created, mode 0700)"

@@ -151,10 +151,10 @@ def test_node_addresses_are_fixed_host_numbers_of_the_lab_network(lab, monkeypat
     answer = lambda *a, **k: subprocess.CompletedProcess(a, 0, json.dumps(info).encode())  # noqa: E731
     monkeypatch.setattr(lab, "podman", answer)
     want = {"laptop-a": "10.89.3.11", "laptop-b": "10.89.3.12", "laptop-c": "10.89.3.13"}
-    assert lab.node_addresses() == want
+    assert lab.node_addresses(lab.node_names(3)) == want
     info[0]["subnets"] = [{"subnet": "10.89.3.0/29"}]
     with pytest.raises(lab.LabError, match="no IPv4 subnet with room"):
-        lab.node_addresses()
+        lab.node_addresses(lab.node_names(3))
 
 
 class FakeNetworks:
@@ -191,3 +191,285 @@ def test_network_with_another_subnet_is_an_error(lab, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "exists with subnet 10.89.7.0/24, not 10.89.211.0/24" in err and "DDP_LAB_MOLECULE_NET" in err
     assert fake.created == []
+
+
+# --------------------------------------------------------------------------- TOML (tomli_w)
+
+
+def test_dump_toml_writes_what_containers_conf_may_hold(lab):
+    """Shapes a host's containers.conf may carry that the former hand-written writer got wrong or
+    refused: an array of tables, a date-time, a character outside the BMP, a dotted key."""
+    import datetime
+
+    data = {
+        "containers": {"annotations": ["a=1"], "label": True, "tz": "Europe/Zürich 🕒"},
+        "engine": {
+            "helper_binaries_dir": ["/usr/libexec/podman"],
+            "hooks": [{"name": "one", "path": "/x"}, {"name": "two", "path": "/y"}],
+            "updated": datetime.datetime(2026, 11, 30, 21, 0, tzinfo=datetime.UTC),
+            "service_destinations": {"a.b": {"uri": "ssh://x"}},
+        },
+        "network": {},
+    }
+    assert tomllib.loads(lab.dump_toml(data)) == data
+
+
+def test_dump_toml_refuses_a_value_toml_has_no_type_for(lab):
+    with pytest.raises(lab.LabError, match="cannot write these settings to containers.conf"):
+        lab.dump_toml({"engine": {"runtime": None}})
+
+
+def test_dump_toml_without_tomli_w_names_the_fix(lab, monkeypatch):
+    monkeypatch.setattr(lab, "tomli_w", None)
+    with pytest.raises(lab.LabError, match="needs tomli_w: run `make image`"):
+        lab.dump_toml({"engine": {"runtime": "runc"}})
+
+
+# --------------------------------------------------------------------------- N nodes
+
+
+def test_node_names_and_fixed_addresses_for_five(lab):
+    names = lab.node_names(5)
+    assert names == ("laptop-a", "laptop-b", "laptop-c", "laptop-d", "laptop-e")
+    assert [lab.node_index(n) for n in names] == [0, 1, 2, 3, 4]
+    want = [f"10.89.64.{h}" for h in range(11, 16)]
+    assert [lab.node_address("10.89.64.0/24", i) for i in range(5)] == want
+    assert lab.node_names(3) == ("laptop-a", "laptop-b", "laptop-c")  # the default lab
+    assert len(lab.node_names(26)) == 26
+
+
+@pytest.mark.parametrize("count", [0, -1, 27])
+def test_node_count_out_of_range_is_an_error(lab, count):
+    with pytest.raises(lab.LabError, match=f"1 to 26 nodes, not {count}"):
+        lab.node_names(count)
+
+
+@pytest.mark.parametrize("name", ["laptop-", "laptop-ab", "laptop-A", "mol-laptop-a", "desktop-a"])
+def test_node_index_refuses_other_names(lab, name):
+    with pytest.raises(lab.LabError, match="is not a lab node's name"):
+        lab.node_index(name)
+
+
+def test_node_address_needs_room_in_the_subnet(lab):
+    assert lab.node_address("10.89.3.0/27", 19) == "10.89.3.30"  # host 30 of 0-31: the last before broadcast
+    with pytest.raises(lab.LabError, match="no room for node 21"):
+        lab.node_address("10.89.3.0/27", 20)
+    with pytest.raises(lab.LabError, match="no room"):
+        lab.node_address("fd00::/64", 0)
+
+
+def test_five_node_addresses_on_the_lab_network(lab, monkeypatch):
+    info = [{"subnets": [{"subnet": "fd00::/64"}, {"subnet": "10.89.3.0/24", "gateway": "10.89.3.1"}]}]
+    answer = lambda *a, **k: subprocess.CompletedProcess(a, 0, json.dumps(info).encode())  # noqa: E731
+    monkeypatch.setattr(lab, "podman", answer)
+    want = {f"laptop-{x}": f"10.89.3.{11 + i}" for i, x in enumerate("abcde")}
+    assert lab.node_addresses(lab.node_names(5)) == want
+
+
+def test_inventory_for_five_nodes(lab, monkeypatch):
+    addresses = {f"laptop-{x}": f"10.89.0.{11 + i}" for i, x in enumerate("abcde")}
+    text = lab.render_inventory("10.89.0.1", addresses)
+    inv = yaml.safe_load(text)["all"]["children"]
+    want = {n: {"ansible_host": a, "lab_container": n} for n, a in addresses.items()}
+    assert inv["trainers"]["hosts"] == want
+    assert list(inv["trainers"]["hosts"]) == list(addresses)  # address order
+    assert "The 5 lab laptops" in text and "--nnodes 1:5" in text
+
+
+def test_known_hosts_name_every_node_and_its_address(lab, tmp_path, monkeypatch):
+    """known_hosts of a five-node lab: one line per node and key type, `name,address type key`."""
+    names = lab.node_names(5)
+    addresses = {n: lab.node_address("10.89.64.0/24", lab.node_index(n)) for n in names}
+
+    def podman(*args, **_):
+        assert args[:2] == ("exec", args[1]) and args[1] in names, args
+        keys = f"ssh-ed25519 KEY-{args[1]} root@x\necdsa-sha2-nistp256 EC-{args[1]} root@x\n"
+        return subprocess.CompletedProcess(args, 0, keys.encode())
+
+    monkeypatch.setattr(lab, "podman", podman)
+    monkeypatch.setattr(lab, "ensure_admin_account", lambda name, key: [])
+    checked = []
+    monkeypatch.setattr(lab, "check_ssh", lambda name, address, key, kh: checked.append((name, address)))
+    state = tmp_path / "ssh"
+    state.mkdir()
+    (state / "id_ed25519").write_text("private")
+    (state / "id_ed25519.pub").write_text("ssh-ed25519 PUB lab\n")
+    lab.ensure_ssh_access(state, addresses)
+    lines = (state / "known_hosts").read_text().splitlines()
+    assert lines == [
+        line
+        for i, n in enumerate(names)
+        for line in (f"{n},10.89.64.{11 + i} ecdsa-sha2-nistp256 EC-{n}",
+                     f"{n},10.89.64.{11 + i} ssh-ed25519 KEY-{n}")
+    ]
+    assert checked == list(addresses.items())
+
+
+class FakeLab:
+    """podman stand-in for `lab up`/`down`/`status`: containers by name, one network, the node image."""
+
+    def __init__(self, *existing: str, foreign: tuple[str, ...] = ()) -> None:
+        self.net: str | None = "10.89.0.0/24" if existing else None
+        self.containers = {n: {"ip": f"10.89.0.{11 + ord(n[-1]) - 97}", "lab": True} for n in existing}
+        self.containers.update({n: {"ip": "10.89.0.99", "lab": False} for n in foreign})
+        self.runs: list[tuple[str, str]] = []
+        self.removed: list[str] = []
+
+    def __call__(self, *args: str, check: bool = True, **_: object) -> subprocess.CompletedProcess:
+        def done(text: str = "", rc: int = 0) -> subprocess.CompletedProcess:
+            return subprocess.CompletedProcess(args, rc, text.encode(), b"")
+
+        if args[:2] == ("network", "exists"):
+            return done(rc=0 if self.net else 1)
+        if args[:2] == ("network", "create"):
+            self.net = "10.89.0.0/24"
+            return done()
+        if args[:2] == ("network", "inspect"):
+            return done(json.dumps([{"subnets": [{"subnet": self.net, "gateway": "10.89.0.1"}]}]))
+        if args[:2] == ("network", "rm"):
+            self.net = None
+            return done()
+        if args[:2] == ("image", "inspect"):
+            return done("sha256:node")
+        if args[:2] == ("container", "ls"):
+            return done("\n".join(n for n, c in self.containers.items() if c["lab"]))
+        if args[:2] == ("container", "inspect"):
+            c = self.containers.get(args[2])
+            if c is None:
+                return done(rc=1)
+            state = {
+                "Config": {"Labels": {"ddp-lab.lab": "1"} if c["lab"] else {}},
+                "Image": "sha256:node",
+                "State": {"Running": True, "Status": "running"},
+                "NetworkSettings": {"Networks": {"ddp-lab": {"IPAddress": c["ip"]}}},
+            }
+            return done(json.dumps([state]))
+        if args[0] == "run":
+            name, ip = args[args.index("--name") + 1], args[args.index("--ip") + 1]
+            self.containers[name] = {"ip": ip, "lab": True}
+            self.runs.append((name, ip))
+            return done()
+        if args[:3] == ("exec", args[1], "systemctl"):
+            return done("running")
+        if args[0] == "rm":
+            self.removed.append(args[-1])
+            del self.containers[args[-1]]
+            return done()
+        raise AssertionError(f"unexpected podman call {args}")
+
+
+@pytest.fixture
+def fake_lab(lab, tmp_path, monkeypatch):
+    def make(*existing: str, foreign: tuple[str, ...] = ()) -> FakeLab:
+        fake = FakeLab(*existing, foreign=foreign)
+        monkeypatch.setattr(lab, "podman", fake)
+        monkeypatch.setattr(lab, "cmd_image", lambda args=None: None)
+        monkeypatch.setattr(lab, "check_gateway_reachable", lambda gateway, node: None)
+        monkeypatch.setattr(lab, "close_ssh_master", lambda address: False)
+        fake.ssh = {}
+        monkeypatch.setattr(lab, "ensure_ssh_access", lambda _state, addr: fake.ssh.update(addr) or [])
+        monkeypatch.setattr(lab, "INVENTORY_FILE", tmp_path / "inventory" / "hosts.yml")
+        monkeypatch.setattr(lab, "LAB_SSH_DIR", tmp_path / "ssh")
+        return fake
+
+    return make
+
+
+def test_up_with_five_nodes_makes_them_at_fixed_addresses(lab, fake_lab):
+    fake = fake_lab()
+    assert lab.main(["up", "--nodes", "5"]) == 0
+    want = {f"laptop-{x}": f"10.89.0.{11 + i}" for i, x in enumerate("abcde")}
+    assert fake.runs == list(want.items())
+    assert fake.ssh == want  # key pair, accounts and known_hosts for all five
+    hosts = yaml.safe_load(lab.INVENTORY_FILE.read_text())["all"]["children"]["trainers"]["hosts"]
+    assert {h: v["ansible_host"] for h, v in hosts.items()} == want
+
+
+def test_up_without_a_count_keeps_the_running_labs_size(lab, fake_lab):
+    fake = fake_lab(*lab.node_names(5))
+    assert lab.main(["up"]) == 0
+    assert fake.runs == []  # nothing made: all five are there
+    assert len(yaml.safe_load(lab.INVENTORY_FILE.read_text())["all"]["children"]["trainers"]["hosts"]) == 5
+    fake = fake_lab()
+    assert lab.main(["up"]) == 0
+    assert [name for name, _ in fake.runs] == ["laptop-a", "laptop-b", "laptop-c"]  # default 3
+
+
+def test_up_grows_a_lab_and_refuses_to_shrink_it(lab, fake_lab, capsys):
+    fake = fake_lab(*lab.node_names(3))
+    assert lab.main(["up", "--nodes", "5"]) == 0
+    assert fake.runs == [("laptop-d", "10.89.0.14"), ("laptop-e", "10.89.0.15")]
+    assert lab.main(["up", "--nodes", "3"]) == 1
+    err = capsys.readouterr().err
+    assert "LAB_NODES=3 would leave laptop-d, laptop-e out of the inventory" in err and "LAB_NODES=5" in err
+    assert fake.removed == [] and len(fake.containers) == 5  # nothing changed
+
+
+def test_down_removes_every_lab_node_whatever_their_number(lab, fake_lab, capsys):
+    fake = fake_lab(*lab.node_names(5), foreign=("laptop-f", "mol-laptop-a"))
+    fake.containers["laptop-f"]["lab"] = False  # a container of that name without the lab's label
+    lab.INVENTORY_FILE.parent.mkdir(parents=True)
+    lab.INVENTORY_FILE.write_text("---\n")
+    assert lab.main(["down"]) == 0
+    assert fake.removed == [f"laptop-{x}" for x in "abcde"]
+    assert sorted(fake.containers) == ["laptop-f", "mol-laptop-a"] and fake.net is None
+    assert not lab.INVENTORY_FILE.exists()
+
+
+def test_status_lists_every_lab_node(lab, fake_lab, capsys, monkeypatch):
+    fake_lab(*lab.node_names(5))
+    monkeypatch.setattr(lab, "image_label", lambda image, label: None)
+    lab.cmd_status()
+    lines = capsys.readouterr().out.splitlines()
+    nodes = [line.split()[0] for line in lines if line.startswith("laptop-")]
+    assert nodes == [f"laptop-{x}" for x in "abcde"]
+
+
+# --------------------------------------------------------------------------- image build progress
+
+
+def test_run_with_progress_says_what_the_step_is_at_every_interval(lab, tmp_path, capsys):
+    script = "echo 'I: Retrieving Release'; sleep 0.5; echo 'STEP 2/9: RUN apt-get install'; echo unpacking"
+    argv = ["sh", "-c", script + "; sleep 0.5"]
+    code, tail = lab.run_with_progress(argv, "build", log_path=tmp_path / "b.log", interval=0.2)
+    assert code == 0 and tail == ["I: Retrieving Release", "STEP 2/9: RUN apt-get install", "unpacking"]
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("lab: build: ")]
+    assert len(lines) >= 3, lines  # ~1 s of work at a 0.2 s interval
+    assert any("I: Retrieving Release" in line for line in lines)
+    assert "STEP 2/9: RUN apt-get install | unpacking" in lines[-1]
+    assert "unpacking" in (tmp_path / "b.log").read_text()
+
+
+def test_run_with_progress_stops_a_step_past_its_timeout(lab, tmp_path):
+    with pytest.raises(lab.LabError, match="ran longer than 0 s and was stopped"):
+        lab.run_with_progress(["sleep", "30"], "slow", log_path=tmp_path / "b.log", interval=0.1, timeout=0.2)
+
+
+def test_image_build_reports_progress_of_each_long_step(lab, tmp_path, monkeypatch):
+    """From nothing, cmd_image runs debootstrap, tar, podman import and podman build, each through
+    run_with_progress (a progress line every PROGRESS_INTERVAL_S), their output in BUILD_LOG."""
+    seen = []
+
+    def run(argv, what, **kw):
+        seen.append((argv[0] if argv[0] != "podman" else " ".join(argv[:2]), what, kw["log_path"]))
+        if argv[0] == "tar":
+            Path(argv[argv.index("-cf") + 1]).write_bytes(b"")
+        return 0, []
+
+    monkeypatch.setattr(lab, "run_with_progress", run)
+    monkeypatch.setattr(lab, "image_label", lambda image, label: None)
+    monkeypatch.setattr(lab, "image_exists", lambda image: False)
+    monkeypatch.setattr(lab, "detect_runtime", lambda image: None)
+    monkeypatch.setattr(lab, "podman", lambda *a, **k: subprocess.CompletedProcess(a, 0, b""))
+    monkeypatch.setattr(lab, "BUILD_LOG", tmp_path / "state" / "image-build.log")
+    monkeypatch.setattr(lab.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(lab.os, "geteuid", lambda: 0)
+    lab.cmd_image()
+    assert [(tool, what.split(" ->")[0]) for tool, what, _ in seen] == [
+        ("debootstrap", "debootstrap"),
+        ("tar", "tar of the root filesystem"),
+        ("podman import", "podman import"),
+        ("podman build", "podman build"),
+    ]
+    assert {log_path for *_, log_path in seen} == {lab.BUILD_LOG}
+    assert (lab.STATE_DIR / f"rootfs-{lab.SUITE}-minbase.tar").is_file()  # cached for the next build
