@@ -14,7 +14,7 @@ Usage (controller, lab up and provisioned - or --launch site.yml):
       [--preset small] [--runs-dir runs] [-e key=value ...]
 ``--plan``: comma-separated ``<mode>@<target>``, mode kill-agent | poweroff | kill-worker | freeze
 | partition; target ``rank<R>`` or an inventory host. kill-agent and poweroff are followed by a
-rejoin of the node. Extra ``-e`` values go to every playbook (e.g. ``ddp_job_rendezvous_port``).
+rejoin of the node. Extra ``-e`` values go to every playbook (e.g. ``rendezvous_port``).
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 BINDIR = Path(sys.executable).parent
 PLAY_TIMEOUT_S = 1800
-AGENT_UNIT = yaml.safe_load((REPO / "roles/ddp_job/defaults/main.yml").read_text())["ddp_job_unit"]
+AGENT_UNIT = yaml.safe_load((REPO / "roles/ddp_lab/defaults/main.yml").read_text())["ddp_lab_unit"]
 RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 ERROR = re.compile(r"^\[ERROR\]: Task failed: Action failed: (.*)$", re.M)
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -233,11 +233,12 @@ def test_launch_passes_explicit_addresses(tmp_path: Path):
                     "hosts": "t-a",
                     "gather_facts": False,
                     "vars_files": [
+                        str(REPO / "roles/ddp_lab/defaults/main.yml"),
                         str(REPO / "roles/ddp_job/defaults/main.yml"),
                         str(REPO / "roles/ddp_job/vars/main.yml"),
                     ],
                     "vars": {
-                        "ddp_job_current_run_id": "r1",
+                        "ddp_lab_run_id": "r1",
                         "wired_network_ifname": "enp3s0",
                         "wired_network_address": "192.168.50.11",
                         "__ddp_job_launch_token": "tok",

@@ -27,7 +27,7 @@ import yaml
 from labharness import REPO, ansible_env, run_playbooks, skip_or_fail
 
 LAB_PY = REPO / "lab" / "lab.py"
-TRAINING_USER = yaml.safe_load((REPO / "roles/python_env/defaults/main.yml").read_text())["python_env_user"]
+TRAINING_USER = yaml.safe_load((REPO / "roles/ddp_lab/defaults/main.yml").read_text())["ddp_lab_user"]
 PROBE = f"/home/{TRAINING_USER}/ddp-lab-become-probe"
 TRANSFER_FAILS = "Failed to set permissions on the temporary files"
 

@@ -86,11 +86,11 @@ def test_report_after_a_poweroff_does_not_contact_the_node_that_is_off(tmp_path,
         "name": "Report after laptop-a was powered off", "hosts": "trainers", "gather_facts": False,
         "tasks": [
             {"name": "Set what resolve.yml and record-wait.yml set", "ansible.builtin.set_fact": {
-                "__fault_run_id": "r1", "__fault_run_dir": str(run_dir), "__fault_target": "laptop-a",
+                "ddp_lab_run_id": "r1", "__fault_run_dir": str(run_dir), "__fault_target": "laptop-a",
                 "__fault_target_rank": 1, "__fault_wait_timeout": 10,
                 "__fault_progress": {"phase": "recovered"}}},
             {"name": "Report", "ansible.builtin.include_role": {"name": "fault", "tasks_from": "report"},
-             "vars": {"fault_mode": "poweroff", "fault_user": "root", "fault_base_dir": str(base)}},
+             "vars": {"fault_mode": "poweroff", "ddp_lab_user": "root", "ddp_lab_base_dir": str(base)}},
         ]}]))
     r = play(tmp_path, inventory(tmp_path, closed_port), playbook)
     out = r.stdout + r.stderr
@@ -100,13 +100,13 @@ def test_report_after_a_poweroff_does_not_contact_the_node_that_is_off(tmp_path,
     assert (run_dir / ".live/laptop-b/metrics/laptop-b-local0.jsonl").is_file()
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the role reads the run's files as fault_user (root here)")
+@pytest.mark.skipif(os.geteuid() != 0, reason="the role reads the run's files as ddp_lab_user (root here)")
 def test_rejoin_of_a_node_that_is_off_reads_nothing_from_it(tmp_path, closed_port):
     """`kill-node.yml -e fault=rejoin` while the node is still off: it is reported down, never dialled.
     (No agent runs on this machine, so the play stops at its check that another node trains.)"""
     base, _run_dir = write_run(tmp_path)
     r = play(tmp_path, inventory(tmp_path, closed_port), ROOT / "kill-node.yml", "fault=rejoin",
-             "node=laptop-a", "run_id=r1", "fault_user=root", f"fault_base_dir={base}")
+             "node=laptop-a", "run_id=r1", "ddp_lab_user=root", f"ddp_lab_base_dir={base}")
     out = r.stdout + r.stderr
     assert "UNREACHABLE" not in out, out
     assert "agents: laptop-a down" in " ".join(out.split()), out

@@ -104,8 +104,8 @@ def _provisioned_tree(tmp_path: Path) -> tuple[dict, dict[str, Path]]:
     inv = {"all": {"children": {
         "trainers": {"hosts": {"laptop-a": {
             **local,
-            "ddp_job_user": "ddp-reset-test-nouser", "python_env_user": "ddp-reset-test-nouser",
-            "ddp_job_base_dir": str(paths["state"]), "ddp_job_src_dir": str(paths["src"]),
+            "ddp_lab_user": "ddp-reset-test-nouser", "ddp_lab_user": "ddp-reset-test-nouser",
+            "ddp_lab_base_dir": str(paths["state"]), "ddp_job_src_dir": str(paths["src"]),
             "python_env_prefix": str(paths["venv"]),
             "python_env_node_wheelhouse_dir": str(paths["wheelhouse"]),
             "power_logind_dropin": str(paths["logind"]), "power_sleep_targets": [],

@@ -214,14 +214,14 @@ def _case(tmp_path: Path, states: dict[str, str]) -> tuple[Path, dict[str, str]]
             r = recs(host, i, 300 if state == "ended" else 40, end=state == "ended",
                      failure="ValueError: boom" if state == "failed" else None)
             (m / f"{host}-local0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in r))
-        hosts[host] = {"ansible_connection": "local", "ddp_job_base_dir": str(base / host),
-                       "ddp_job_unit": unit}
+        hosts[host] = {"ansible_connection": "local", "ddp_lab_base_dir": str(base / host),
+                       "ddp_lab_unit": unit}
     hosts["laptop-off"] = {"ansible_host": "192.0.2.1", "ansible_connection": "ssh",
                            "ansible_ssh_common_args": "-o ConnectTimeout=2 -o ControlMaster=no"}
     inv = {"all": {"children": {
         "trainers": {"hosts": hosts, "vars": {
             "ansible_python_interpreter": sys.executable, "ansible_become_method": "su",
-            "ddp_job_user": "root", "ddp_job_venv": str(Path(sys.executable).parent.parent),
+            "ddp_lab_user": "root", "ddp_job_venv": str(Path(sys.executable).parent.parent),
             "ddp_job_runs_dir": str(runs)}},
         "rendezvous": {"hosts": {"controller": {
             "ansible_connection": "local", "ansible_python_interpreter": sys.executable,

@@ -48,6 +48,24 @@ For an injection at time ``T`` (records up to the next injection count for it), 
     ``[T, T + duration_s]`` / median of those completed in the same length of time before ``T``
     (a throttled node makes the group slower: > 1).
 
+Under the ``per_step`` engine (torchft: step records carry ``engine: per_step``, ``participants``,
+``quorum_id``, ``committed``, with ``world_size`` = participants) the survivors are not restarted,
+so the same fields mean:
+
+``detected_s``
+    ``T`` to the first uncommitted step (``committed: false``: the vote failed), a committed step
+    at another participant count, or a ``failure``/``start`` record.
+``recovered_s``
+    ``T`` to the first committed step at a participant count other than the one before ``T``
+    (``world_size_after``): N-1 after a crash, power-off, freeze or partition, N after a rejoin.
+``steps_lost``
+    ``last committed step before T + 1 - the recovery step``, never below 0 (0 when the survivors
+    go on with the next step).
+``restarts``
+    worker processes started after ``T`` (the rejoining one, a local restart; never a survivor).
+
+Uncommitted steps are never counted as steps, under either engine.
+
 Resolution: step records are written every ``log_interval`` steps, so ``recovered_s`` can be late
 by up to ``log_interval - 1`` step times; fault runs should use ``log_interval 1``. Times come
 from the controller (injections) and the nodes (metrics): their clocks must agree (NTP; the lab
@@ -177,7 +195,14 @@ def _generations(records: Iterable[Record]) -> list[_Gen]:
 
 
 def _steps(records: Iterable[Record]) -> list[Record]:
-    return [r for r in records if r.get("event") == "step" and as_int(r.get("step")) is not None]
+    """The completed steps: ``step`` records with a step number, not marked ``committed: false``."""
+    return [r for r in records if r.get("event") == "step" and as_int(r.get("step")) is not None
+            and r.get("committed") is not False]
+
+
+def is_per_step(records: Iterable[Record]) -> bool:
+    """True when the records come from the ``per_step`` engine (a record says ``engine: per_step``)."""
+    return any(r.get("engine") == "per_step" for r in records)
 
 
 def _median_step_time(steps: Sequence[Record]) -> float | None:
@@ -221,18 +246,29 @@ def measure(inj: Injection, records: Sequence[Record], until: float | None = Non
         rc = as_int(r.get("restart_count"))
         if rc is not None:
             rc_before[(r["host"], as_int(r.get("local_rank")) or 0)] = rc
+    per_step = is_per_step(recs)
     for r in after:
         key = (r.get("host"), as_int(r.get("local_rank")) or 0)
         rc = as_int(r.get("restart_count"))
         ev = r.get("event")
-        if ev in ("failure", "start") or (rc is not None and key in rc_before and rc > rc_before[key]):
+        quorum_changed = per_step and ev == "step" and (
+            r.get("committed") is False or as_int(r.get("world_size")) != m.world_size_before)
+        if (ev in ("failure", "start") or quorum_changed
+                or (rc is not None and key in rc_before and rc > rc_before[key])):
             m.detected_s = r["time"] - t0
-            m.detected_by = f"{ev} on {r.get('host')}"
+            m.detected_by = f"{'uncommitted step' if r.get('committed') is False else ev} on {r.get('host')}"
             break
 
     gens = _generations(recs)
     new_gens = [g for g in gens if g.start_time > t0]
     m.restarts = len(new_gens)
+    failures_after = [r for r in after if r.get("event") == "failure"]
+    if failures_after:
+        f = failures_after[-1]
+        m.cause = f"{f.get('host')} (rank {f.get('rank')}): {f.get('error')}"
+    if per_step:
+        return _per_step(m, inj, recs, last_before)
+
     recovery: tuple[float, Record, _Gen] | None = None
     for g in new_gens:
         st = _steps(g.records)
@@ -240,11 +276,6 @@ def measure(inj: Injection, records: Sequence[Record], until: float | None = Non
             first = min(st, key=lambda r: r["time"])
             if recovery is None or first["time"] < recovery[0]:
                 recovery = (first["time"], first, g)
-
-    failures_after = [r for r in after if r.get("event") == "failure"]
-    if failures_after:
-        f = failures_after[-1]
-        m.cause = f"{f.get('host')} (rank {f.get('rank')}): {f.get('error')}"
 
     if recovery is not None:
         t_rec, step_rec, gen = recovery
@@ -292,20 +323,57 @@ def measure(inj: Injection, records: Sequence[Record], until: float | None = Non
             if m.cause is None:
                 m.cause = "no step completed after the fault and no failure record was written"
 
-    # stall: longest gap between completed steps around the fault
+    return _stall_and_slowdown(m, inj, recs, last_before, first_after_any)
+
+
+def _stall_and_slowdown(m: FaultMeasure, inj: Injection, recs: Sequence[Record], last_before: Record | None,
+                        first_after_any: float | None) -> FaultMeasure:
+    """Fill ``stall_s`` (longest gap between completed steps from the last one before the fault to
+    ``first_after_any``) and ``step_time_ratio`` (faults with a duration) of ``m``; returns it."""
+    t0 = inj.time
     if last_before is not None and first_after_any is not None:
         times = [r["time"] for r in _steps(recs) if last_before["time"] <= r["time"] <= first_after_any]
         m.stall_s = _max_gap(times)
-
-    # slowdown over the fault's duration
     if inj.duration_s:
         d = inj.duration_s
-        during = [r for r in _steps(after) if r["time"] <= t0 + d]
-        ref = [r for r in steps_before if r["time"] >= t0 - d]
+        during = [r for r in _steps(recs) if t0 < r["time"] <= t0 + d]
+        ref = [r for r in _steps(recs) if t0 - d <= r["time"] <= t0]
         a, b = _median_step_time(during), _median_step_time(ref)
         if a is not None and b:
             m.step_time_ratio = a / b
     return m
+
+
+def _per_step(m: FaultMeasure, inj: Injection, recs: Sequence[Record],
+              last_before: Record | None) -> FaultMeasure:
+    """The per_step engine's recovery (module docstring): the first committed step after the fault
+    at another participant count; without one, the fault was ridden out or the job finished/ended."""
+    t0 = inj.time
+    after = _steps(r for r in recs if r["time"] > t0)
+    changed = [r for r in after if as_int(r.get("world_size")) != m.world_size_before]
+    first_after_any: float | None = None
+    if changed:
+        rec = min(changed, key=lambda r: r["time"])
+        m.outcome = "recovered"
+        m.recovered_s = rec["time"] - t0
+        m.world_size_after = as_int(rec.get("world_size"))
+        m.resumed_from_step = as_int(rec.get("step"))
+        if m.last_step_before is not None and m.resumed_from_step is not None:
+            m.steps_lost = max(0, m.last_step_before + 1 - m.resumed_from_step)
+        first_after_any = rec["time"]
+    else:
+        ended_at = t0 + (inj.duration_s or 0.0)
+        went_on = [r for r in after if r["time"] > ended_at] if inj.duration_s else []
+        if went_on:
+            m.outcome, m.steps_lost = "continued", 0
+            first = min(went_on, key=lambda r: r["time"])
+            m.world_size_after, first_after_any = as_int(first.get("world_size")), first["time"]
+        elif any(r.get("event") == "end" and r["time"] > t0 for r in recs):
+            m.outcome, m.steps_lost = "finished", 0
+        else:
+            m.outcome = "not_recovered"
+            m.cause = m.cause or "no step committed at another participant count after the fault"
+    return _stall_and_slowdown(m, inj, recs, last_before, first_after_any)
 
 
 def measure_all(events: Iterable[Record], records: Sequence[Record]) -> list[FaultMeasure]:

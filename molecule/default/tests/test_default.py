@@ -22,7 +22,7 @@ DEFAULTS = {
 }
 FACT_FILE = DEFAULTS["wired_network"]["wired_network_fact_file"]
 VENV_PY = f"{DEFAULTS['python_env']['python_env_prefix']}/bin/python"
-USER = DEFAULTS["python_env"]["python_env_user"]
+USER = DEFAULTS["python_env"]["ddp_lab_user"]
 
 
 def _inventory() -> str:

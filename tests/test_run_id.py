@@ -1,0 +1,67 @@
+"""Which run a playbook acts on: the ddp_lab role's filter ``ddp_lab_run_id`` (tasks/run_id.yml)."""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+PATH = Path(__file__).resolve().parents[1] / "roles" / "ddp_lab" / "filter_plugins" / "ddp_lab.py"
+_spec = importlib.util.spec_from_file_location("ddp_lab_filters", PATH)
+f = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(f)
+
+
+def slurp(text: str) -> dict:
+    return {"content": base64.b64encode(text.encode()).decode(), "encoding": "base64"}
+
+
+def test_first_non_empty_candidate_wins_over_every_source():
+    assert f.resolve_run_id(["", None, "r-resume", "r-new"], ["link", "nodes", "new"],
+                            {"lnk_source": "/x/runs/r-link"}, [slurp("r-node")]) == "r-resume"
+    assert f.resolve_run_id("r1") == "r1"
+
+
+def test_link_then_nodes_in_the_order_given():
+    link = {"exists": True, "islnk": True, "lnk_source": "/work/main/runs/20261130-101010-abcd",
+            "lnk_target": "20261130-101010-abcd"}
+    nodes = [{"skipped": True}, {"unreachable": True}, slurp("r-node\n")]
+    assert f.resolve_run_id([""], ["link", "nodes"], link, nodes) == "20261130-101010-abcd"
+    assert f.resolve_run_id([""], ["nodes", "link"], link, nodes) == "r-node"
+    # no runs/current (stat of a missing path, or a skipped stat): the first node that records one
+    assert f.resolve_run_id([], ["link", "nodes"], {"exists": False}, nodes) == "r-node"
+    assert f.resolve_run_id([], ["link", "nodes"], {}, nodes) == "r-node"
+    # a target given as a string (lnk_target only, relative)
+    assert f.resolve_run_id([], ["link"], {"lnk_target": "r7"}) == "r7"
+
+
+def test_nothing_found_is_empty_not_an_error():
+    assert f.resolve_run_id([""], ["link", "nodes"], {}, [{"failed": True, "msg": "no file"}]) == ""
+    assert f.resolve_run_id([], []) == ""
+    # a node file that is not base64 counts as none
+    assert f.resolve_run_id([], ["nodes"], None, [{"content": "%%%"}]) == ""
+
+
+def test_new_id_has_the_documented_shape():
+    when = datetime(2026, 11, 29, 17, 15, 2, tzinfo=UTC)
+    assert f.new_run_id(when, "3fa1") == "20261129-171502-3fa1"
+    got = f.resolve_run_id(["", ""], ["new"])
+    assert re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{4}", got)
+    assert f.resolve_run_id([], ["link", "new"], {"exists": False}) != ""
+
+
+def test_bad_ids_and_sources_are_one_line_errors():
+    with pytest.raises(ValueError, match="not 1-64 of the characters"):
+        f.resolve_run_id(["../etc"])
+    with pytest.raises(ValueError, match="not 1-64"):
+        f.resolve_run_id([], ["nodes"], None, [slurp("a b")])
+    with pytest.raises(ValueError, match="unknown source 'newest'"):
+        f.resolve_run_id([], ["newest"])
+
+
+def test_filter_names():
+    assert set(f.FilterModule().filters()) == {"ddp_lab_run_id", "ddp_lab_new_run_id"}
