@@ -106,3 +106,22 @@ def test_uncommitted_steps_are_never_completed_steps():
     ]
     assert [r["time"] for r in faults._steps(recs)] == [1.0, 3.0]
     assert faults.is_per_step([{"engine": "per_step"}]) and not faults.is_per_step(recs)
+
+
+def test_summary_names_the_engine_and_counts_restarted_processes(run):
+    """Every replica group's torchrun starts its worker as rank 0: counting rank-0 starts as group
+    restarts (torchelastic's rule) would call three first starts two restarts."""
+    from ddplab.controller import summary as sm
+
+    start(run, ABC, T0 - 1)
+    steps(run, ABC, 1, 10, T0)
+    run.fault("kill-agent", "laptop-c", T0 + 9.5)
+    steps(run, AB, 11, 15, T0 + 10.5, quorum_id=2)
+    start(run, ["laptop-c"], T0 + 16)  # rejoined: one new process
+    steps(run, ABC, 16, 20, T0 + 17, quorum_id=3)
+    s = sm.build_summary(run.dir)
+    assert s["engine"] == "per_step" and s["restarts"] == 1
+    assert [e["world_size"] for e in s["world_size_timeline"]][-2:] == [2, 3]
+    text = sm.human_summary(s)
+    assert "participants: " in text and "processes restarted: 1 (engine per_step)" in text
+    assert sm.run_engine([{"event": "start", "time": 1.0}]) == "torchelastic"

@@ -208,12 +208,16 @@ def world_size_timeline(records: Iterable[Record]) -> list[dict[str, Any]]:
     """``[{time, step, world_size}]``: the first rank-0 ``start``/``step`` record and every change of
     world size after it, in time order (every rank's records when there are no rank-0 ones).
 
-    ``step`` of a ``start`` record is its ``resumed_from_step``.
+    ``step`` of a ``start`` record is its ``resumed_from_step``. Under the per_step engine only
+    committed steps count (``world_size`` = participants; a replica's ``start`` record has the size
+    of its own torchrun group, 1) and no uncommitted step does under either engine.
     """
     out: list[dict[str, Any]] = []
     for r in _rank0_or_all(records, ("start", "step")):
         ws, t = as_int(r.get("world_size")), num(r.get("time"))
-        if ws is None or t is None:
+        if ws is None or t is None or r.get("committed") is False:
+            continue
+        if r.get("engine") == "per_step" and r.get("event") == "start":
             continue
         step = as_int(r.get("step") if r.get("event") == "step" else r.get("resumed_from_step"))
         if not out or out[-1]["world_size"] != ws:

@@ -37,7 +37,12 @@ Definitions (all times unix seconds, from the nodes' clocks):
     generation, so its records are one clean series): an entry at the first record and whenever
     ``world_size`` changes.
 ``restarts``
-    how many times the group re-formed: rank-0 ``start`` records minus one.
+    torchelastic: how many times the group re-formed (rank-0 ``start`` records minus one);
+    per_step (no group restart): worker processes started again (``start`` records beyond each
+    worker's first).
+``engine``
+    the recovery engine of the newest ``start`` record: torchelastic (also when none names one) or
+    per_step; under per_step ``world_size`` in the timeline is the participants of each committed step.
 ``faults``
     measured by :mod:`ddplab.faults` from the ``kind: fault`` records of ``events.jsonl`` (the
     hook :func:`measure_faults`); when there are none, the list already in ``summary.json`` is kept.
@@ -148,6 +153,18 @@ def measure_faults(run: RunFolder) -> list[dict[str, Any]]:
         return kept
 
 
+def run_engine(records: Iterable[Record]) -> str:
+    """The recovery engine of the newest ``start`` record (``torchelastic`` when none names one)."""
+    starts = sorted(events_of(records, "start"), key=lambda r: num(r.get("time")) or 0.0)
+    return str(starts[-1].get("engine") or "torchelastic") if starts else "torchelastic"
+
+
+def process_restarts(records: Iterable[Record]) -> int:
+    """Worker processes started again: ``start`` records beyond the first of each (host, local_rank)."""
+    starts = events_of(records, "start")
+    return len(starts) - len({(r.get("host"), as_int(r.get("local_rank")) or 0) for r in starts})
+
+
 def find_stragglers(records: Sequence[Record]) -> list[dict[str, Any]]:
     """Straggler findings of :mod:`ddplab.controller.straggler` as dicts plus a ``text`` line each."""
     return [{**asdict(f), "text": straggler.format_finding(f)} for f in straggler.detect_stragglers(records)]
@@ -196,6 +213,7 @@ def build_summary(run_dir: str | Path, hosts: Sequence[str] | None = None) -> di
     results = [run.results[h] for h in hosts if h in run.results]
     train_loss, val_loss = final_losses(records, results)
     starts = events_of(records, "start")
+    engine = run_engine(records)
     # a run whose workers never started: max_steps of the run's configuration
     max_steps = next(
         (m for r in [*reversed(starts), *run.configs.values()]
@@ -215,7 +233,8 @@ def build_summary(run_dir: str | Path, hosts: Sequence[str] | None = None) -> di
         "final_step_loss": final_step_loss(records),
         "wall_s": wall_seconds(records),
         "world_size_timeline": world_size_timeline(records),
-        "restarts": group_restarts(records),
+        "engine": engine,
+        "restarts": group_restarts(records) if engine == "torchelastic" else process_restarts(records),
         "faults": measure_faults(run),
         "batch_policy": next(
             (r.get("batch_policy") for r in reversed(starts) if r.get("batch_policy")), None
@@ -273,9 +292,10 @@ def human_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None)
     tl = summary.get("world_size_timeline") or []
     if tl:
         lines.append(
-            "world size: "
+            ("participants: " if summary.get("engine") == "per_step" else "world size: ")
             + " -> ".join(f"{e['world_size']} (step {e['step']})" for e in tl)
-            + f"; group restarts: {summary.get('restarts', 0)}"
+            + (f"; processes restarted: {summary.get('restarts', 0)} (engine per_step)"
+               if summary.get("engine") == "per_step" else f"; group restarts: {summary.get('restarts', 0)}")
         )
     for f in summary.get("faults") or []:
         lines.append(
