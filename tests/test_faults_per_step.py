@@ -125,3 +125,16 @@ def test_summary_names_the_engine_and_counts_restarted_processes(run):
     text = sm.human_summary(s)
     assert "participants: " in text and "processes restarted: 1 (engine per_step)" in text
     assert sm.run_engine([{"event": "start", "time": 1.0}]) == "torchelastic"
+
+
+def test_report_says_which_engine_ran(run):
+    from ddplab.controller.report import build_report
+
+    start(run, ABC, T0 - 1)
+    steps(run, ABC, 1, 10, T0)
+    run.fault("poweroff", "laptop-a", T0 + 9.5, rank=0)
+    steps(run, ("laptop-b", "laptop-c"), 11, 20, T0 + 10.6, quorum_id=2)
+    path, _ = build_report(run.dir)
+    html = path.read_text()
+    assert "Recoveries (engine per_step)" in html and "Participants (engine per_step)" in html
+    assert "<th>participants</th>" in html

@@ -24,10 +24,17 @@ from ddplab.controller.rundir import (
     world_size_at,
     world_size_timeline,
 )
+from ddplab.faults import is_per_step
 from ddplab.records import as_int, by_time, num
 
 RESTART_GAP_S = 20.0  # step records of one run of a step are closer than this
 Record = dict[str, Any]
+
+
+def engine(run: RunFolder) -> str:
+    """The run's recovery engine: ``per_step`` when its records come from the torchft engine
+    (:func:`ddplab.faults.is_per_step`), else ``torchelastic``."""
+    return "per_step" if is_per_step(run.records) else "torchelastic"
 
 
 def first_set(*values: Any) -> Any:

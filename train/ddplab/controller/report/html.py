@@ -13,6 +13,7 @@ from ddplab.controller import straggler
 from ddplab.controller.report.data import (
     Fault,
     Restart,
+    engine,
     faults,
     first_set,
     per_world_size,
@@ -181,4 +182,5 @@ def render_page(run: RunFolder, findings: list[straggler.StragglerFinding], plot
                    "text": straggler.format_finding(f)} for f in findings],
         margin_pct=f"{margin:.0%}", window=window, clock_pct=f"{clock_drop:.0%}",
         per_ws=per_ws, cpu_has=cpu_has, events=events, made=time.strftime("%Y-%m-%d %H:%M:%S"),
+        engine=engine(run),
     )

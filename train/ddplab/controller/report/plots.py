@@ -15,6 +15,7 @@ from ddplab.controller import straggler
 from ddplab.controller.report.data import (
     Fault,
     Restart,
+    engine,
     faults,
     idle_gaps,
     loss_per_step,
@@ -241,8 +242,11 @@ def plot_world_size(run: RunFolder, fl: list[Fault], rs: list[Restart], tx: Time
     ax.set_ylim(0, top + 1.4)
     ax.set_yticks(range(0, top + 1))
     ax.set_xlabel(tx.label)
-    ax.set_ylabel("world size")
-    ax.set_title("World size over time (red: fault, orange: restart, gray: no training)", loc="left")
+    per_step = engine(run) == "per_step"  # participants of each committed step, no group restart
+    ax.set_ylabel("participants" if per_step else "world size")
+    ax.set_title(f"{'Participants' if per_step else 'World size'} over time, engine {engine(run)} "
+                 f"(red: fault, orange: {'process started' if per_step else 'restart'}, gray: no training)",
+                 loc="left")
     fig.tight_layout()
     save(fig, out)
     plt.close(fig)
