@@ -1,20 +1,24 @@
-"""Elastic recovery figures on the cluster: how fast a node loss is survived, how many steps it costs.
+"""Recovery figures of both engines on one cluster, side by side: how fast a node loss is survived,
+how many steps and processes it costs (issue 13 item 5; docs/faults.md).
 
-Launches a run (playbooks/train.yml, no watch, a step record every step), waits until the group
-trains at full size, then for each planned fault runs ``kill-node.yml`` (node loss, then
-``rejoin`` of the same node so that the next fault starts from full size again), and at the end
-stops the job, collects the run and prints one line per injection from ``summary.json``'s
-``faults``: detected_s, recovered_s (injection -> first completed step at the new world size),
-steps_lost, world size before -> after, against the targets of docs/faults.md (training again
-at world size N-1 within 10 s, 0 steps lost; rejoin back to N). Figures, not assertions: the exit
-status is 0 whenever every play ran, whatever the figures.
+For each recovery engine (``ddp_job_fault_tolerance``: torchelastic, per_step) and each repeat:
+launch a run (playbooks/train.yml, no watch, a step record every step), wait until the group trains
+at full size, run the fault matrix with ``kill-node.yml`` (after a fault that takes the node out,
+kill-agent or poweroff, a ``rejoin`` of the same node, measured as its own row), wait for full size
+again after each, then stop the job, collect the run and take ``summary.json``'s ``faults``
+(:mod:`ddplab.faults`: detected_s, recovered_s = injection -> first completed/committed step at the
+new world size / participant count, steps_lost, stall_s, restarts = worker processes started).
+Prints one table, a row per fault, the median of the repeats for each engine beside each other,
+with the load average at the start and end of every run, and writes the raw figures as JSON.
+Figures, not assertions: the exit status is 0 whenever every play ran, whatever the figures.
 
-Usage (controller, lab up and provisioned - or --launch site.yml):
-  .venv/bin/python benchmarks/recovery.py [-i inventory/lab] [--plan kill-agent@rank0,poweroff@rank0]
-      [--preset small] [--runs-dir runs] [-e key=value ...]
-``--plan``: comma-separated ``<mode>@<target>``, mode kill-agent | poweroff | kill-worker | freeze
-| partition; target ``rank<R>`` or an inventory host. kill-agent and poweroff are followed by a
-rejoin of the node. Extra ``-e`` values go to every playbook (e.g. ``rendezvous_port``).
+Usage (controller, lab up and provisioned):
+  .venv/bin/python benchmarks/recovery.py [-i inventory/lab] [--engines torchelastic,per_step]
+      [--plan kill-agent@rank0,poweroff@rank0,freeze@rank0:30,partition@rank0:30] [--repeat 3]
+      [--preset small] [--out runs/bench-recovery.json] [-e key=value ...]
+``--plan``: comma-separated ``<mode>@<target>[:<duration s>]``, mode kill-agent | poweroff |
+kill-worker | freeze | partition | throttle; target ``rank<R>`` (the node holding global rank R at
+that moment) or an inventory host. Extra ``-e`` values go to every playbook.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -35,8 +40,10 @@ from ddplab import faults  # noqa: E402
 from ddplab.controller.rundir import load_events, load_run  # noqa: E402
 
 BIN = Path(sys.executable).parent
-TARGET_RECOVERY_S = 10.0
+ENGINES = ("torchelastic", "per_step")
+MODES = ("kill-agent", "poweroff", "kill-worker", "freeze", "partition", "throttle")
 LOST_AFTER = ("kill-agent", "poweroff")  # modes that take the node out: a rejoin follows
+FIELDS = ("detected_s", "recovered_s", "steps_lost", "stall_s", "restarts")
 
 
 class BenchError(Exception):
@@ -59,6 +66,11 @@ def _env() -> dict[str, str]:
     return env
 
 
+def loadavg() -> str:
+    """The 1/5/15-minute load averages of the controller (/proc/loadavg), e.g. ``4.1 3.9 3.5``."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
 def play(inventory: str, playbook: str, extra: list[str], label: str) -> float:
     """Run one playbook; return its wall time (s). Raises BenchError naming the play on failure."""
     args = [_tool("ansible-playbook"), "-i", inventory, str(REPO / playbook)]
@@ -74,105 +86,233 @@ def play(inventory: str, playbook: str, extra: list[str], label: str) -> float:
     return took
 
 
-def progress(inventory: str, run_id: str) -> list[dict]:
-    """Every trainer's newest worker record (roles/fault's ddp_lab_progress module, read-only)."""
-    env = _env()
-    env.update(ANSIBLE_LIBRARY=str(REPO / "roles/fault/library"),
-               ANSIBLE_MODULE_UTILS=str(REPO / "roles/fault/module_utils"),
-               ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
-    proc = subprocess.run([_tool("ansible"), "trainers", "-i", inventory, "-m", "ddp_lab_progress", "-a",
-                           f"metrics_dir=/var/lib/ddp-lab/runs/{run_id}/metrics"],
-                          env=env, cwd=REPO, capture_output=True, text=True)
-    text = proc.stdout
-    if "{" not in text:
-        return []
-    doc, _ = json.JSONDecoder().raw_decode(text[text.index("{"):])
-    out = []
-    for host, res in doc["plays"][0]["tasks"][0]["hosts"].items():
-        for w in res.get("workers", []):
-            out.append({**w, "node": host, "running": res.get("agent_running", False)})
-    return out
-
-
-def wait_full_size(inventory: str, run_id: str, nodes: int, min_step: int, timeout_s: float) -> None:
-    """Wait until every node's newest record is a step >= min_step at world size ``nodes``."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        ws = progress(inventory, run_id)
-        ok = [w for w in ws if w["event"] == "step" and w["world_size"] == nodes and w["running"]
-              and (w["step"] or 0) >= min_step]
-        if len({w["node"] for w in ok}) >= nodes:
-            return
-        time.sleep(2)
-    raise BenchError(f"the run did not train at world size {nodes} within {timeout_s:.0f} s")
+def _await(inventory: str, run_id: str, nodes: int, extra: list[str], timeout_s: float) -> None:
+    """Wait until every trainer trains at world size / participants ``nodes`` (roles/fault
+    tasks_from await: each node's newest record a completed step at that size). BenchError after
+    ``timeout_s``."""
+    book = Path(os.environ.get("TMPDIR", "/tmp")) / "ddplab-bench-await.yml"
+    book.write_text(
+        "- name: Bench | wait for full size\n  hosts: trainers\n  gather_facts: false\n  tasks:\n"
+        "    - name: Wait until every trainer trains at full size\n"
+        "      ansible.builtin.include_role:\n        name: fault\n        tasks_from: await\n"
+    )
+    args = [
+        _tool("ansible-playbook"),
+        "-i",
+        inventory,
+        str(book),
+        "-e",
+        f"fault_run_id={run_id}",
+        "-e",
+        f"fault_await_world_size={nodes}",
+        "-e",
+        f"fault_await_timeout_s={int(timeout_s)}",
+    ]
+    for e in extra:
+        args += ["-e", e]
+    proc = subprocess.run(args, env=_env(), cwd=REPO, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
+        raise BenchError(f"the run did not train at full size ({nodes}) within {timeout_s:.0f} s:\n{tail}")
 
 
 def current_run(runs: Path) -> str:
     link = runs / "current"
     if not link.is_symlink():
-        raise BenchError("runs/current does not exist after site.yml: did the launch fail?")
+        raise BenchError("runs/current does not exist after the launch: did it fail?")
     return Path(os.readlink(link)).name
+
+
+def parse_plan(text: str) -> list[tuple[str, str, float | None]]:
+    """``mode@target[:duration]`` items -> [(mode, target, duration_s)]; ValueError on a bad item."""
+    plan = []
+    for item in filter(None, text.split(",")):
+        mode, _, rest = item.partition("@")
+        target, _, dur = rest.partition(":")
+        if mode not in MODES or not target or (dur and not dur.replace(".", "", 1).isdigit()):
+            raise ValueError(
+                f"--plan item {item!r}: expected <mode>@<rank R|host>[:<seconds>], mode one of "
+                f"{', '.join(MODES)}"
+            )
+        plan.append((mode, target, float(dur) if dur else None))
+    return plan
+
+
+def run_engine(a: argparse.Namespace, engine: str, plan: list[tuple[str, str, float | None]]) -> dict:
+    """One run of ``engine`` through ``plan``: {run_id, engine, load_start, load_end, faults}."""
+    extra = [*a.extra, f"ddp_job_fault_tolerance={engine}"]
+    overrides = json.dumps(
+        {
+            "ddp_job_train_overrides": {
+                "log_interval": 1,
+                "eval_interval": 10**6,
+                "ckpt_interval": 50,
+                "warmup_steps": 5,
+            }
+        }
+    )
+    load_start = loadavg()
+    took = play(
+        a.inventory,
+        a.launch,
+        [
+            *extra,
+            "ddp_job_watch=false",
+            f"ddp_job_preset={a.preset}",
+            f"ddp_job_max_steps={a.steps}",
+            overrides,
+        ],
+        f"launch ({engine})",
+    )
+    run_id = current_run(a.runs_dir)
+    print(f"run {run_id} ({engine}) launched in {took:.0f} s, load {load_start}", flush=True)
+    try:
+        _await(a.inventory, run_id, a.nodes, extra, 600)
+        for mode, target, duration in plan:
+            tgt = f"rank={target[4:]}" if target.startswith("rank") else f"node={target}"
+            args = [*extra, f"fault={mode}", tgt, f"run_id={run_id}"]
+            play(a.inventory, "kill-node.yml", args + ([f"duration={duration:g}"] if duration else []), mode)
+            if mode in LOST_AFTER:
+                node = faults.injections(load_events(a.runs_dir / run_id))[-1].node
+                play(
+                    a.inventory,
+                    "kill-node.yml",
+                    [*extra, "fault=rejoin", f"node={node}", f"run_id={run_id}"],
+                    f"rejoin after {mode}",
+                )
+            _await(a.inventory, run_id, a.nodes, extra, 300)
+    finally:
+        play(a.inventory, "stop.yml", extra, "stop")
+        play(a.inventory, "playbooks/collect.yml", [*extra, f"collect_run_id={run_id}"], "collect")
+    out = {
+        "run_id": run_id,
+        "engine": engine,
+        "load_start": load_start,
+        "load_end": loadavg(),
+        "faults": load_run(a.runs_dir / run_id).summary.get("faults", []),
+    }
+    print(f"run {run_id} ({engine}) done, load {out['load_end']}", flush=True)
+    return out
+
+
+def rows_of(run: dict) -> dict[str, dict]:
+    """The run's fault entries by row label (``rejoin after <mode>`` for a rejoin)."""
+    rows, prev = {}, None
+    for f in run["faults"]:
+        label = f"rejoin after {prev}" if f["mode"] == "rejoin" else f["mode"]
+        dur = f.get("duration_s")
+        rows[label + (f" {dur:g}s" if dur else "")] = f
+        prev = f["mode"]
+    return rows
+
+
+def median(values: list) -> float | None:
+    """Median of the values that are not None (None when none is)."""
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def table(runs: list[dict], engines: list[str]) -> str:
+    """The side-by-side table (text): one line per fault, per engine the median of its runs of
+    detected_s, recovered_s, steps_lost, stall_s, restarts (processes started) and n; then each
+    run's load averages."""
+    per = {e: [rows_of(r) for r in runs if r["engine"] == e] for e in engines}
+    labels: list[str] = []
+    for e in engines:
+        for rows in per[e]:
+            labels += [k for k in rows if k not in labels]
+    short = {
+        "detected_s": "det",
+        "recovered_s": "rec",
+        "steps_lost": "lost",
+        "stall_s": "stall",
+        "restarts": "restarts",
+        "n": "n",
+    }
+    head = ["fault"] + [f"{e}:{short[k]}" for e in engines for k in (*FIELDS, "n")]
+    lines = [head]
+    for label in labels:
+        cells = [label]
+        for e in engines:
+            got = [rows[label] for rows in per[e] if label in rows]
+            for k in FIELDS:
+                v = median([g.get(k) for g in got])
+                cells.append("-" if v is None else (f"{v:.1f}" if k.endswith("_s") else f"{v:g}"))
+            cells.append(str(len(got)))
+        lines.append(cells)
+    widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
+    text = [
+        "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+        for r in lines
+    ]
+    text.append("")
+    text += [
+        f"{r['engine']:<13} run {r['run_id']}: load average {r['load_start']} -> {r['load_end']}"
+        for r in runs
+    ]
+    return "\n".join(text)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("-i", "--inventory", default="inventory/lab")
-    p.add_argument("--plan", default="kill-agent@rank0,poweroff@rank0,kill-agent@rank2,poweroff@rank1")
-    p.add_argument("--steps", type=int, default=100000,
-                   help="max_steps of the run: more than the plan needs (the run is stopped at the end)")
+    p.add_argument("--engines", default=",".join(ENGINES), help="comma-separated, in table order")
+    p.add_argument("--plan", default="kill-agent@rank0,poweroff@rank0,freeze@rank0:30,partition@rank0:30")
+    p.add_argument("--repeat", type=int, default=1, help="runs per engine (the table shows the median)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=100000,
+        help="max_steps of a run: more than the plan needs (the run is stopped at the end)",
+    )
     p.add_argument("--preset", default="small")
-    p.add_argument("--launch", default="playbooks/train.yml",
-                   help="playbook that launches the run (site.yml to validate and provision first)")
+    p.add_argument(
+        "--launch",
+        default="playbooks/train.yml",
+        help="playbook that launches a run (site.yml to validate and provision first)",
+    )
     p.add_argument("--nodes", type=int, default=3, help="trainers of the inventory")
-    p.add_argument("--runs-dir", type=Path, default=REPO / "runs",
-                   help="the controller's runs folder (ddp_job_runs_dir), default runs/")
+    p.add_argument(
+        "--runs-dir",
+        type=Path,
+        default=REPO / "runs",
+        help="the controller's runs folder (ddp_job_runs_dir), default runs/",
+    )
+    p.add_argument(
+        "--out", type=Path, default=None, help="raw figures (JSON); default runs/bench-recovery-<time>.json"
+    )
     p.add_argument("-e", "--extra", action="append", default=[], help="extra var for every playbook")
     a = p.parse_args(argv)
-    plan = []
-    for item in filter(None, a.plan.split(",")):
-        mode, _, target = item.partition("@")
-        if mode not in ("kill-agent", "poweroff", "kill-worker", "freeze", "partition") or not target:
-            p.error(f"--plan item {item!r}: expected <mode>@<rank R|host>")
-        plan.append((mode, target))
-
-    overrides = json.dumps({"ddp_job_train_overrides": {"log_interval": 1, "eval_interval": 10 ** 6,
-                                                        "ckpt_interval": 50, "warmup_steps": 5}})
+    engines = [e for e in a.engines.split(",") if e]
+    if not engines or any(e not in ENGINES for e in engines):
+        p.error(f"--engines {a.engines!r}: a comma-separated list of {', '.join(ENGINES)}")
     try:
-        took = play(a.inventory, a.launch, [*a.extra, "ddp_job_watch=false", f"ddp_job_preset={a.preset}",
-                                               f"ddp_job_max_steps={a.steps}", overrides], "launch")
-        run_id = current_run(a.runs_dir)
-        print(f"run {run_id} launched in {took:.0f} s", flush=True)
-        wait_full_size(a.inventory, run_id, a.nodes, 5, 600)
-        for mode, target in plan:
-            tgt = f"rank={target[4:]}" if target.startswith("rank") else f"node={target}"
-            play(a.inventory, "kill-node.yml", [*a.extra, f"fault={mode}", tgt, f"run_id={run_id}"], mode)
-            if mode in LOST_AFTER:
-                node = faults.injections(load_events(a.runs_dir / run_id))[-1].node
-                back = [*a.extra, "fault=rejoin", f"node={node}", f"run_id={run_id}"]
-                play(a.inventory, "kill-node.yml", back, "rejoin")
-            wait_full_size(a.inventory, run_id, a.nodes, 0, 300)
-        play(a.inventory, "stop.yml", a.extra, "stop")
-        play(a.inventory, "playbooks/collect.yml", [*a.extra, f"collect_run_id={run_id}"], "collect")
+        plan = parse_plan(a.plan)
+    except ValueError as exc:
+        p.error(str(exc))
+    if a.repeat < 1:
+        p.error("--repeat must be >= 1")
+    out = a.out or a.runs_dir / f"bench-recovery-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    runs: list[dict] = []
+    try:
+        for i in range(a.repeat):  # engines interleaved, so that a change of load hits both alike
+            for engine in engines:
+                runs.append(run_engine(a, engine, plan))
+                out.write_text(
+                    json.dumps({"plan": a.plan, "preset": a.preset, "runs": runs}, indent=1) + "\n"
+                )
+                print(f"repeat {i + 1}/{a.repeat} {engine}: figures in {out}", flush=True)
     except BenchError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        if runs:
+            print(table(runs, engines))
         return 2
-
-    summary = load_run(a.runs_dir / run_id).summary
-    print(f"\nrecovery figures, run {run_id} (targets: training again at world size {a.nodes - 1} "
-          f"within {TARGET_RECOVERY_S:.0f} s, 0 steps lost; rejoin back to {a.nodes})")
-    print(f"{'mode':<12}{'node':<12}{'rank':>5}{'world':>8}{'detected_s':>12}{'recovered_s':>13}"
-          f"{'steps_lost':>12}  target")
-    for f in summary.get("faults", []):
-        rec, lost = f.get("recovered_s"), f.get("steps_lost")
-        if f["mode"] == "rejoin":
-            met = f.get("world_size_after") == a.nodes
-        else:
-            met = rec is not None and rec <= TARGET_RECOVERY_S and lost == 0
-        fmt = lambda v: "-" if v is None else (f"{v:.1f}" if isinstance(v, float) else str(v))  # noqa: E731
-        print(f"{f['mode']:<12}{f['node']:<12}{fmt(f.get('rank')):>5}"
-              f"{fmt(f.get('world_size_before')) + '->' + fmt(f.get('world_size_after')):>8}"
-              f"{fmt(f.get('detected_s')):>12}{fmt(rec):>13}{fmt(lost):>12}  {'met' if met else 'missed'}")
-    print(f"\nsummary: {a.runs_dir / run_id / 'summary.json'}")
+    print(
+        f"\nrecovery, median of n runs per engine (preset {a.preset}; seconds; restarts = worker processes "
+        f"started after the fault; '-' = did not happen, e.g. a freeze ridden out)"
+    )
+    print(table(runs, engines))
+    print(f"\nraw figures: {out}")
     return 0
 
 

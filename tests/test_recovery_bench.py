@@ -1,0 +1,64 @@
+"""benchmarks/recovery.py's plan parsing and side-by-side table (the lab runs are a benchmark, not a test)."""
+
+import importlib.util
+
+import pytest
+from labharness import REPO
+
+spec = importlib.util.spec_from_file_location("recovery_bench", REPO / "benchmarks/recovery.py")
+rb = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(rb)
+
+
+def fault(mode, rec, restarts, duration_s=None):
+    return {
+        "mode": mode,
+        "detected_s": 0.5,
+        "recovered_s": rec,
+        "steps_lost": 0,
+        "stall_s": rec,
+        "restarts": restarts,
+        "duration_s": duration_s,
+    }
+
+
+def test_plan():
+    assert rb.parse_plan("kill-agent@rank0,freeze@laptop-b:30") == [
+        ("kill-agent", "rank0", None),
+        ("freeze", "laptop-b", 30.0),
+    ]
+    for bad in ("bogus@rank0", "freeze@", "freeze@rank0:x"):
+        with pytest.raises(ValueError, match="expected <mode>@"):
+            rb.parse_plan(bad)
+
+
+def test_table_is_side_by_side_median_with_load():
+    runs = [
+        {
+            "engine": "torchelastic",
+            "run_id": f"t{i}",
+            "load_start": "5.0 4.0 3.0",
+            "load_end": "6.0 5.0 4.0",
+            "faults": [fault("kill-agent", rec, 2), fault("rejoin", 12.0, 3), fault("freeze", None, 0, 30.0)],
+        }
+        for i, rec in enumerate((9.0, 10.0, 30.0))
+    ]
+    runs.append(
+        {
+            "engine": "per_step",
+            "run_id": "p0",
+            "load_start": "5.0 4.0 3.0",
+            "load_end": "5.5 4.0 3.0",
+            "faults": [fault("kill-agent", 1.1, 0), fault("rejoin", 4.0, 1)],
+        }
+    )
+    text = rb.table(runs, ["torchelastic", "per_step"])
+    lines = text.splitlines()
+    assert lines[0].split()[:4] == ["fault", "torchelastic:det", "torchelastic:rec", "torchelastic:lost"]
+    kill = lines[1].split()
+    assert kill[0] == "kill-agent" and kill[2] == "10.0" and kill[6] == "3"  # median of 3 runs, n=3
+    assert kill[8] == "1.1" and kill[11] == "0" and kill[12] == "1"  # per_step: no process restarted, n=1
+    assert lines[2].startswith("rejoin after kill-agent")
+    freeze = lines[3].split()
+    assert freeze[:3] == ["freeze", "30s", "0.5"] and freeze[3] == "-" and freeze[-1] == "0"
+    assert "per_step      run p0: load average 5.0 4.0 3.0 -> 5.5 4.0 3.0" in lines
