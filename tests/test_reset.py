@@ -104,7 +104,7 @@ def _provisioned_tree(tmp_path: Path) -> tuple[dict, dict[str, Path]]:
     inv = {"all": {"children": {
         "trainers": {"hosts": {"laptop-a": {
             **local,
-            "ddp_lab_user": "ddp-reset-test-nouser", "ddp_lab_user": "ddp-reset-test-nouser",
+            "ddp_lab_user": "ddp-reset-test-nouser",
             "ddp_lab_base_dir": str(paths["state"]), "ddp_job_src_dir": str(paths["src"]),
             "python_env_prefix": str(paths["venv"]),
             "python_env_node_wheelhouse_dir": str(paths["wheelhouse"]),
