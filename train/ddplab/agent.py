@@ -28,6 +28,12 @@ group exists in it before the fork; the worker sets its own thread count. Any ot
 or ``--start-method spawn`` (torchrun's default), runs exactly as ``torchrun`` (a new interpreter
 per worker).
 
+Workers learn the rendezvous endpoint: the agent sets ``DDPLAB_RDZV_ENDPOINT`` to
+``--rdzv-endpoint`` (when given) in the environment its workers inherit. Under the per_step engine
+(one replica group per node, torchrun with a local store: ``--nnodes 1 --rdzv-endpoint
+NODE_ADDR:PORT --rdzv-conf is_host=true``) that store, hosted by this agent on a fixed port, is the
+replica's store where the peers meet (ddplab.ft); torchrun's worker store is on a random port.
+
 Exit status: torchrun's (0 when the workers finished; 1 with torchrun's error report otherwise);
 2 for a bad barrier setting (nothing started).
 """
@@ -44,6 +50,8 @@ from datetime import timedelta
 from typing import Any
 
 BARRIER_PREFIX = "ddplab/start-barrier/"
+#: The agent's ``--rdzv-endpoint``, passed to its workers (ddplab.ft's replica store).
+RDZV_ENDPOINT_ENV = "DDPLAB_RDZV_ENDPOINT"
 #: The training module whose workers the agent can fork (``-m ddplab.train``).
 WORKER_MODULE = "ddplab.train"
 #: Start methods under which the workers are forked from this process.
@@ -129,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = torchrun.parse_args(argv)
     fork = forks_worker(args)
+    if args.rdzv_endpoint:
+        os.environ[RDZV_ENDPOINT_ENV] = args.rdzv_endpoint  # inherited by the workers
     if fork:
         import ddplab.train  # noqa: F401  (imported once here; every forked worker inherits it)
 

@@ -12,6 +12,7 @@ import json
 import math
 import types
 import typing
+import urllib.parse
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,10 @@ CANONICAL_DATA_URL = (
 CANONICAL_DATA_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 
 BATCH_POLICIES = ("keep_per_rank", "keep_global")
+#: Recovery engines: ``torchelastic`` restarts every worker on a membership change (elastic
+#: torchrun); ``per_step`` keeps the survivors running and re-forms the quorum before each step
+#: (torchft: one replica group per node, a lighthouse on the controller; ddplab.ft).
+FAULT_TOLERANCE_ENGINES = ("torchelastic", "per_step")
 
 #: Model/batch presets. ``small`` is the default CPU configuration; ``medium`` is the larger one
 #: (the size of the classic character-level Shakespeare GPT, practical on a fast multi-core node);
@@ -104,6 +109,14 @@ class TrainConfig:
     threads: int | None = None
     # checkpoints were found but none is usable: start over (True) or stop with an error (False)
     allow_fresh_start: bool = False
+    # recovery engine (FAULT_TOLERANCE_ENGINES); the ft_* keys apply to per_step only
+    fault_tolerance: str = "torchelastic"
+    ft_lighthouse: str | None = None  # "http://ADDR:PORT" of the torchft lighthouse
+    ft_replica_id: str | None = None  # this replica group's name (null: the host name)
+    ft_manager_port: int = 29520  # TCP port of this replica's torchft Manager
+    ft_min_replicas: int = 1  # a step commits only with at least this many participants
+    ft_timeout_s: float = 5.0  # per operation: gloo collectives, commit vote, state transfer
+    ft_quorum_timeout_s: float = 60.0  # longest wait for a quorum
 
     def validate(self) -> TrainConfig:
         """Check every field; return ``self``.
@@ -174,7 +187,35 @@ class TrainConfig:
                 raise bad(key, "must be a non-empty string")
         if "/" in self.run_id or self.run_id in (".", ".."):
             raise bad("run_id", "must not contain '/' (it names folders)")
+        self._validate_fault_tolerance(bad)
         return self
+
+    def _validate_fault_tolerance(self, bad: Any) -> None:
+        """The engine and its ``ft_*`` keys (checked whatever the engine, required for per_step)."""
+        if self.fault_tolerance not in FAULT_TOLERANCE_ENGINES:
+            raise bad("fault_tolerance", f"must be one of {', '.join(FAULT_TOLERANCE_ENGINES)}")
+        port = self.ft_manager_port
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise bad("ft_manager_port", "must be a TCP port (1-65535)")
+        value = self.ft_min_replicas
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise bad("ft_min_replicas", "must be a positive integer (> 0)")
+        for key in ("ft_timeout_s", "ft_quorum_timeout_s"):
+            value = getattr(self, key)
+            if not _is_real(value) or value <= 0:
+                raise bad(key, "must be a number > 0")
+        if self.ft_replica_id is not None and (
+            not isinstance(self.ft_replica_id, str) or not self.ft_replica_id
+            or any(c.isspace() or c == ":" for c in self.ft_replica_id)
+        ):
+            raise bad("ft_replica_id", "must be a non-empty name without spaces or ':' "
+                      "(the node's inventory name), or null (= the host name)")
+        if self.ft_lighthouse is not None and lighthouse_error(self.ft_lighthouse):
+            raise bad("ft_lighthouse", lighthouse_error(self.ft_lighthouse))
+        if self.fault_tolerance == "per_step" and self.ft_lighthouse is None:
+            raise bad("ft_lighthouse", "fault_tolerance per_step needs the lighthouse address "
+                      "'http://ADDR:PORT' (playbook: the rendezvous host and "
+                      "rendezvous_lighthouse_port)")
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration as a JSON-ready dict."""
@@ -187,6 +228,21 @@ class TrainConfig:
     def model_shape(self) -> dict[str, int]:
         """The fields that a checkpoint must match to be resumed."""
         return {key: getattr(self, key) for key in MODEL_SHAPE_FIELDS}
+
+
+def lighthouse_error(url: Any) -> str | None:
+    """Why ``url`` is not a lighthouse address ``http://HOST:PORT`` (None when it is one)."""
+    if not isinstance(url, str):
+        return "must be a string 'http://ADDR:PORT'"
+    parsed = urllib.parse.urlsplit(url)
+    try:
+        port = parsed.port
+    except ValueError:
+        port = None
+    if (parsed.scheme != "http" or not parsed.hostname or port is None or port == 0
+            or parsed.path not in ("", "/") or parsed.query or parsed.fragment):
+        return "must be 'http://ADDR:PORT' (the lighthouse's address and port, nothing else)"
+    return None
 
 
 def _is_real(value: Any) -> bool:

@@ -304,6 +304,31 @@ def rank_sample_indices(
     return np.arange(first, first + micro_batch, dtype=np.int64)
 
 
+def participant_sample_indices(
+    samples_seen: int, rank: int, participants: int, global_batch: int
+) -> np.ndarray:
+    """Global sample indices of participant ``rank`` of ``participants`` at one per_step step.
+
+    The step consumes ``[samples_seen, samples_seen + global_batch)``, cut into ``participants``
+    contiguous blocks in rank order; the first ``global_batch % participants`` blocks hold one
+    sample more. Committed steps advance ``samples_seen`` by ``global_batch``, so over any
+    sequence of quorums every index is taken by exactly one participant of exactly one committed
+    step (an uncommitted step is retried from the same ``samples_seen``).
+
+    Returns an int64 array of ``global_batch // participants`` (+1) indices, possibly empty.
+
+    Raises:
+        ValueError: ``rank`` is not in ``[0, participants)`` or a size is negative.
+    """
+    if participants < 1 or not 0 <= rank < participants:
+        raise ValueError(f"rank {rank} is not a participant rank of {participants}")
+    if samples_seen < 0 or global_batch < 0:
+        raise ValueError("samples_seen and global_batch must be >= 0")
+    base, extra = divmod(global_batch, participants)
+    first = samples_seen + rank * base + min(rank, extra)
+    return np.arange(first, first + base + (rank < extra), dtype=np.int64)
+
+
 def batch_from_starts(
     tokens: np.ndarray, starts: np.ndarray, block_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:

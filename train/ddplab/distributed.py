@@ -104,16 +104,23 @@ def register_bound_gloo(addr: str) -> str:
     Returns:
         The backend name to pass to ``init_process_group`` / ``new_group``.
     """
-    gloo = dist.ProcessGroupGloo
-
     def create(store, group_rank: int, group_size: int, timeout: timedelta):
-        options = gloo._Options()
-        options._timeout = timeout
-        options._devices = [gloo.create_device(hostname=addr)]
-        return gloo(store, group_rank, group_size, options)
+        return bound_gloo(store, group_rank, group_size, timeout, addr)
 
     dist.Backend.register_backend(BOUND_GLOO_BACKEND, create, devices=["cpu"])
     return BOUND_GLOO_BACKEND
+
+
+def bound_gloo(store, group_rank: int, group_size: int, timeout: timedelta,
+               addr: str) -> dist.ProcessGroupGloo:
+    """A gloo backend ``ProcessGroupGloo(store, rank, size, options)`` whose one device listens
+    on ``addr`` (see :func:`register_bound_gloo`; ddplab.ft builds its reconfigurable groups
+    with it). Raises what gloo raises when ``addr`` is not an address of this host."""
+    gloo = dist.ProcessGroupGloo
+    options = gloo._Options()
+    options._timeout = timeout
+    options._devices = [gloo.create_device(hostname=addr)]
+    return gloo(store, group_rank, group_size, options)
 
 
 def gloo_backend(env: DistEnv) -> str:

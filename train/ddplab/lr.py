@@ -90,6 +90,29 @@ def plan_batch(
     )
 
 
+def participants_global_batch(
+    batch_policy: str, participants: int, per_rank_batch_size: int, global_batch_size: int | None
+) -> int:
+    """Global batch of one per_step step with ``participants`` replica groups.
+
+    ``keep_per_rank``: ``participants * per_rank_batch_size`` (the LR then follows it, Goyal et
+    al. 2017); ``keep_global``: ``global_batch_size`` whatever the participants (it need not be
+    divisible: ddplab.data.participant_sample_indices deals the remainder).
+
+    Raises:
+        ValueError: a non-positive size or an unknown policy.
+    """
+    if participants <= 0 or per_rank_batch_size <= 0:
+        raise ValueError("participants and per_rank_batch_size must be > 0")
+    if batch_policy == "keep_per_rank":
+        return participants * per_rank_batch_size
+    if batch_policy == "keep_global":
+        if not global_batch_size or global_batch_size <= 0:
+            raise ValueError("keep_global needs a global_batch_size > 0")
+        return global_batch_size
+    raise ValueError(f"unknown batch_policy {batch_policy!r}")
+
+
 def lr_at(
     step: int, base_lr: float, lr_scale: float, warmup_steps: int, max_steps: int, min_lr_ratio: float
 ) -> float:

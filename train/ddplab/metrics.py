@@ -56,6 +56,11 @@ class MetricsWriter:
         return OutputError(f"cannot write metrics file {self.path} ({exc.strerror or exc}): "
                            "fix the folder or set another out_dir")
 
+    def set_common(self, **fields: Any) -> None:
+        """Change common fields of the following records (per_step: ``rank`` and
+        ``world_size`` are the participant rank and the participants of each step)."""
+        self.common.update(fields)
+
     def write(self, event: str, **fields: Any) -> dict[str, Any]:
         """Append one record and flush it; return the record.
 

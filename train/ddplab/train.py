@@ -6,6 +6,12 @@ newest valid checkpoint and resumes from it. When a collective fails or the agen
 worker (SIGTERM), the worker saves the last *completed* step before it exits non-zero, so the
 restarted group loses no step. See docs/training.md.
 
+Under ``fault_tolerance: per_step`` the worker is the one worker of its node's replica group
+(ddplab.ft): before every step it joins the quorum of the live replica groups, averages the
+gradients over the participants and applies the step only when all of them commit it; a failed
+step is retried with the next quorum, no process restarts, and a joining replica receives the
+state from a live peer. Its own checkpoint is read at start for a restart of the whole cluster.
+
 Exit codes: 0 finished ``max_steps``; 1 training failed (after an emergency checkpoint when
 possible); 2 bad input or an output that cannot be written (one line, before the first step where
 it can be known); 3 training diverged (the step was not applied, no checkpoint written; see
@@ -45,6 +51,7 @@ from ddplab.data import (
     get_batch,
     load_dataset,
     mix,
+    participant_sample_indices,
     rank_sample_indices,
 )
 from ddplab.distributed import (
@@ -57,7 +64,14 @@ from ddplab.distributed import (
     wait,
 )
 from ddplab.divergence import EXIT_DIVERGED, Diverged, divergence_reason
-from ddplab.lr import BatchPlan, BatchPolicyError, lr_at, plan_batch, ramp_lr_scale
+from ddplab.lr import (
+    BatchPlan,
+    BatchPolicyError,
+    lr_at,
+    participants_global_batch,
+    plan_batch,
+    ramp_lr_scale,
+)
 from ddplab.metrics import MetricsWriter
 from ddplab.model import GPT, GPTConfig
 from ddplab.outputs import OutputError, check_writable_dir, fsync_dir
@@ -163,6 +177,9 @@ class Trainer:
         self.session_tokens = 0
         self.loop_seconds = 0.0
         self.fresh_start_reason: str | None = None
+        self.replica: Any = None  # per_step: ddplab.ft.Replica (None under torchelastic)
+        self.participants = env.world_size  # per_step: participants of the last committed step
+        self.per_step = cfg.fault_tolerance == "per_step"
 
     # --- setup: everything that can reject bad input runs before anything is written ---------
     def validate_inputs(self, check_only: bool = False) -> None:
@@ -176,6 +193,13 @@ class Trainer:
             DataError, CheckpointError, OutputError, BatchPolicyError: one clear message each.
         """
         cfg = self.cfg
+        if self.per_step:
+            if self.env.world_size != 1:
+                raise ValueError(f"fault_tolerance per_step runs one worker per replica group, not "
+                                 f"WORLD_SIZE={self.env.world_size}: launch torchrun with "
+                                 "--nnodes 1 --nproc-per-node 1 on each node")
+            from ddplab import ft  # torchft is only needed (and imported) under per_step
+            ft.endpoint()  # raises FaultToleranceError (a ValueError): DDPLAB_GLOO_ADDR unset
         self.data: CharDataset | None = None
         if not check_only or dataset_present(cfg.data_path, cfg.data_url):
             self.data = load_dataset(cfg.data_path, cfg.data_url, cfg.data_sha256)
@@ -186,7 +210,7 @@ class Trainer:
         for folder, what in ((self.out, "output"), (self.store.dir, "checkpoint"),
                              (self.out / "metrics", "metrics")):
             check_writable_dir(folder, what, create=not check_only)
-        if cfg.batch_policy == "keep_global" and cfg.global_batch_size is not None:
+        if not self.per_step and cfg.batch_policy == "keep_global" and cfg.global_batch_size is not None:
             plan_batch(cfg.batch_policy, self.env.world_size, cfg.per_rank_batch_size,
                        cfg.reference_batch_size, cfg.global_batch_size)
 
@@ -227,13 +251,7 @@ class Trainer:
             self.model.param_groups(cfg.weight_decay), lr=cfg.base_lr, betas=(cfg.beta1, cfg.beta2),
         )
         if state is not None:
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.step = int(state["step"])
-            self.samples_seen = int(state["samples_seen"])
-            self.history = list(state.get("world_size_history", []))
-            self.first_start_time = float(state.get("first_start_time", self.session_start))
-            self.first_global_batch = state.get("first_global_batch_size")
+            self.apply_state(state)
             if env.local_rank == 0 and not agreement.local_has_it:
                 # this node rejoined without that checkpoint: keep a local copy right away
                 with self.guard.critical():
@@ -249,11 +267,12 @@ class Trainer:
                                           cfg.reference_batch_size, global_batch)
         if self.first_global_batch is None:
             self.first_global_batch = self.plan.global_batch_size
-        self.history.append({
-            "time": round(self.session_start, 3), "step": self.step, "world_size": env.world_size,
-            "restart_count": env.restart_count, **{k: v for k, v in self.plan.to_dict().items()
-                                                   if k != "world_size"},
-        })
+        if not self.per_step:  # per_step: a segment per change of participants (commit_step)
+            self.history.append({
+                "time": round(self.session_start, 3), "step": self.step,
+                "world_size": env.world_size, "restart_count": env.restart_count,
+                **{k: v for k, v in self.plan.to_dict().items() if k != "world_size"},
+            })
 
         self.ddp: torch.nn.Module = self.model
         self.comm = TimedAllReduce(env.world_size)
@@ -269,6 +288,7 @@ class Trainer:
             "train": (self.data.train, WindowSampler(len(self.data.train), cfg.block_size, cfg.seed,
                                                      STREAM_TRAIN_EVAL)),
         }
+        replica_fields = self.start_replica()  # per_step: join the lighthouse (ddplab.ft)
         self.metrics.write(
             "start", resumed_from_step=self.resumed_from, samples_seen=self.samples_seen,
             batch_policy=self.plan.batch_policy, per_rank_batch_size=self.plan.per_rank_batch_size,
@@ -277,8 +297,15 @@ class Trainer:
             threads=torch.get_num_threads(), params=self.model.num_params(),
             checkpoint_holder_rank=agreement.holder, max_steps=cfg.max_steps, run_id=cfg.run_id,
             pid=os.getpid(), fresh_start_reason=self.fresh_start_reason,
+            engine=cfg.fault_tolerance, **replica_fields,
         )
-        if env.rank == 0:
+        if env.rank == 0 and self.per_step:
+            how = f"checkpoint of step {self.step}" if state is not None else "no checkpoint"
+            print(f"[ddplab] per_step replica {self.replica.replica_id} at {self.replica.addr} "
+                  f"({how}; a live peer's newer state replaces it at the first quorum), "
+                  f"{self.model.num_params():,} params, {torch.get_num_threads()} threads",
+                  flush=True)
+        elif env.rank == 0:
             how = f"resumed from step {self.step}" if state is not None else "fresh start"
             if self.fresh_start_reason:
                 how += f" (allow_fresh_start: {self.fresh_start_reason})"
@@ -393,7 +420,56 @@ class Trainer:
             "rng": {"scheme": "stateless", "seed": self.cfg.seed},
             "saved_by": {"host": self.env.host, "rank": self.env.rank, "reason": reason,
                          "time": time.time()},
+            **self.replica_state(),
         }
+
+    def apply_state(self, state: dict[str, Any]) -> None:
+        """Load a training state (a checkpoint's, or under per_step a live peer's)."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])
+        self.samples_seen = int(state["samples_seen"])
+        self.history = list(state.get("world_size_history", []))
+        self.first_start_time = float(state.get("first_start_time", self.session_start))
+        self.first_global_batch = state.get("first_global_batch_size")
+        rng = state.get("rng", {})
+        if isinstance(rng, dict) and isinstance(rng.get("torch"), torch.Tensor):
+            torch.set_rng_state(rng["torch"])
+
+    def replica_state(self) -> dict[str, Any]:
+        """The per_step additions to a state: torch's RNG state (the draws are seeded per step,
+        this carries the rest) and the torchft Manager's counters. Empty under torchelastic."""
+        if not self.per_step:
+            return {}
+        return {"rng": {"scheme": "stateless", "seed": self.cfg.seed, "torch": torch.get_rng_state()},
+                "ft_manager": self.replica.state() if self.replica else {"step": self.step}}
+
+    def load_peer_state(self, state: dict[str, Any]) -> None:
+        """per_step: apply the state a live peer sent when this replica joined or fell behind.
+
+        Raises:
+            CheckpointError: the peer trains another model, seed or dataset.
+        """
+        why = self._incompatibility(state)
+        if why:
+            raise CheckpointError(f"the state received from a live peer {why}: every replica "
+                                  "of a run needs the same run.json")
+        self.apply_state(state)
+        print(f"[ddplab] state of step {self.step} received from a live peer", flush=True)
+
+    def start_replica(self) -> dict[str, Any]:
+        """per_step: start this node's replica group (ddplab.ft.Replica); return the fields of
+        the ``start`` record that describe it (none under torchelastic)."""
+        if not self.per_step:
+            return {}
+        from ddplab import ft
+
+        cfg = self.cfg
+        self.replica = ft.Replica(cfg, self.optimizer, lambda: self.state_dict("transfer"),
+                                  self.load_peer_state, step=self.step)
+        return {"replica_id": self.replica.replica_id, "ft_addr": self.replica.addr,
+                "ft_manager_port": cfg.ft_manager_port, "ft_store_port": self.replica.store_port,
+                "ft_lighthouse": cfg.ft_lighthouse}
 
     def save_checkpoint(self, reason: str) -> None:
         with self.guard.critical():
@@ -454,6 +530,119 @@ class Trainer:
             if log_now:
                 self.log_step(mean_loss, local_loss, lr, lr_scale, step_s, allreduce_s)
 
+    def per_step_train_step(self) -> bool:
+        """One attempt at the next optimizer step under per_step; True when it was committed.
+
+        1. Join the quorum (a replica behind the others receives a live peer's state here).
+        2. Take this participant's block of the step's samples (a function of ``samples_seen``,
+           the participant rank and the participants: ddplab.data.participant_sample_indices)
+           and the Goyal learning rate of the step's global batch (ramped, ddplab.lr).
+        3. Forward/backward locally, average the gradients over the participants (one
+           all-reduce of all gradients), clip, run the divergence guard (a sum over participants).
+        4. Vote: the update is applied only when every participant commits; otherwise nothing
+           changes (not the weights, step, data position nor LR history) and the caller retries.
+        Every commit of a new participant count, every uncommitted attempt and every
+        ``log_interval``-th step gets a ``step`` record (participants, quorum_id, committed).
+        """
+        cfg, replica = self.cfg, self.replica
+        t0 = time.perf_counter()
+        rank, participants = replica.start_step()
+        if replica.step != self.step:
+            raise RuntimeError(f"torchft is at step {replica.step}, the training state at step "
+                               f"{self.step}: the state transfer did not apply")
+        global_batch = participants_global_batch(
+            cfg.batch_policy, participants, cfg.per_rank_batch_size,
+            # keep_global without a size: the global batch of the run's first committed step
+            cfg.global_batch_size or self.first_global_batch or participants * cfg.per_rank_batch_size)
+        indices = participant_sample_indices(self.samples_seen, rank, participants, global_batch)
+        chunks = [indices[i:i + cfg.per_rank_batch_size]
+                  for i in range(0, len(indices), cfg.per_rank_batch_size)]
+        self.plan = BatchPlan(cfg.batch_policy, participants, len(indices), len(chunks), global_batch,
+                              cfg.reference_batch_size, global_batch / cfg.reference_batch_size)
+        lr_scale = ramp_lr_scale(self.lr_segments(self.plan.lr_scale), self.step, cfg.ramp_steps())
+        lr = lr_at(self.step, cfg.base_lr, lr_scale, cfg.warmup_steps, cfg.max_steps,
+                   cfg.min_lr_ratio)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        loss_sum = 0.0  # sum of this participant's per-sample losses
+        for chunk in chunks:
+            x, y = get_batch(self.data.train, self.train_sampler, chunk)
+            if cfg.dropout > 0:
+                torch.manual_seed(mix(cfg.seed, self.step, int(chunk[0])))
+            _, loss = self.model(x, y)
+            # weighted so that the average over participants is the mean over the global batch
+            (loss * (len(chunk) * participants / global_batch)).backward()
+            loss_sum += loss.item() * len(chunk)
+        allreduce_s = replica.average_gradients(self.model.parameters())
+        grad_norm = self.clip_gradients()
+        t_guard = time.perf_counter()
+        mean_loss = self.per_step_divergence_guard(loss_sum, grad_norm, global_batch)
+        allreduce_s += time.perf_counter() - t_guard
+        previous = self.participants
+        with self.guard.critical():
+            self.consistent = False
+            committed = replica.commit()  # the vote; the optimizer steps only when committed
+            if committed:
+                self.step += 1
+                self.samples_seen += global_batch
+                self.session_tokens += global_batch * cfg.block_size
+                self.first_global_batch = self.first_global_batch or global_batch
+                self.participants = participants
+                self.record_participants(participants, replica.quorum_id)
+            self.consistent = True
+            step_s = time.perf_counter() - t0
+            step = self.step if committed else self.step + 1
+            if (not committed or participants != previous or step % cfg.log_interval == 0
+                    or step == cfg.max_steps):
+                self.metrics.set_common(rank=rank, world_size=participants)
+                first = int(indices[0]) if len(indices) else self.samples_seen
+                self.log_step(mean_loss, loss_sum / max(1, len(indices)), lr, lr_scale, step_s,
+                              allreduce_s, step=step, participants=participants,
+                              quorum_id=replica.quorum_id, committed=committed, engine="per_step",
+                              samples=[first, first + len(indices)])
+        return committed
+
+    def lr_segments(self, lr_scale: float) -> list[tuple[int, float]]:
+        """per_step: the LR-scale segments of the committed history, plus the next step's when
+        its scale differs (ddplab.lr.ramp_lr_scale ramps from the old scale to it)."""
+        segments = [(int(h["step"]), float(h["lr_scale"])) for h in self.history if "lr_scale" in h]
+        if not segments or segments[-1][1] != lr_scale:
+            segments.append((self.step, lr_scale))
+        return segments
+
+    def record_participants(self, participants: int, quorum_id: int) -> None:
+        """per_step: after a commit, open a history segment when the participants changed (the
+        ``world_size_history`` of result.json; its ``lr_scale`` drives the LR ramp)."""
+        if self.history and self.history[-1].get("participants") == participants:
+            return
+        self.history.append({
+            "time": round(time.time(), 3), "step": self.step - 1, "world_size": participants,
+            "participants": participants, "quorum_id": quorum_id,
+            "restart_count": self.env.restart_count,
+            **{k: v for k, v in self.plan.to_dict().items() if k != "world_size"},
+        })
+
+    def per_step_divergence_guard(self, loss_sum: float, grad_norm: float, global_batch: int) -> float:
+        """per_step's divergence guard: the global batch's mean loss and "any gradient norm not
+        finite" summed over the participants; return the mean loss (NaN when the sum failed:
+        the step will not commit, nothing is decided on it).
+
+        Raises:
+            Diverged: the step must not be applied (every participant sees the same sums).
+        """
+        both = torch.tensor([loss_sum, 0.0 if math.isfinite(grad_norm) else 1.0], dtype=torch.float64)
+        self.replica.sum(both)
+        if self.replica.errored():
+            return float("nan")
+        mean_loss, any_bad = float(both[0]) / global_batch, bool(both[1] > 0)
+        cfg = self.cfg
+        reason = divergence_reason(mean_loss, float("nan") if any_bad else grad_norm, self.step,
+                                   vocab_size=len(self.data.vocab), warmup_steps=cfg.warmup_steps,
+                                   margin=cfg.divergence_margin)
+        if reason:
+            raise Diverged(self.step + 1, reason, mean_loss, grad_norm)
+        return mean_loss
+
     def lr_scale_at(self, step: int) -> float:
         """The LR scale of ``step``: the batch plan's, ramped after a world-size change
         (:func:`ddplab.lr.ramp_lr_scale` over this run's world-size history)."""
@@ -493,21 +682,27 @@ class Trainer:
         return mean_loss
 
     def log_step(self, mean_loss: float, local_loss: float, lr: float, lr_scale: float,
-                 step_s: float, allreduce_s: float) -> None:
+                 step_s: float, allreduce_s: float, step: int | None = None, **extra: Any) -> None:
+        """The ``step`` record (and console line) of ``step`` (default: the last completed);
+        ``extra`` are more fields (per_step: participants, quorum_id, committed, engine)."""
         cfg, env, plan = self.cfg, self.env, self.plan
         tokens_per_s = plan.global_batch_size * cfg.block_size / step_s
-        self.last_train_loss = mean_loss
+        if extra.get("committed", True):
+            self.last_train_loss = mean_loss
         self.metrics.write(
-            "step", step=self.step, loss=round(mean_loss, 6), local_loss=round(local_loss, 6),
+            "step", step=self.step if step is None else step, loss=round(mean_loss, 6),
+            local_loss=round(local_loss, 6),
             lr=lr, lr_scale=round(lr_scale, 9), global_batch_size=plan.global_batch_size,
             per_rank_batch_size=plan.per_rank_batch_size, grad_accum_steps=plan.grad_accum_steps,
             samples_seen=self.samples_seen, step_time_s=round(step_s, 6),
             compute_s=round(step_s - allreduce_s, 6), allreduce_s=round(allreduce_s, 6),
             tokens_per_s=round(tokens_per_s, 1), cpu_mhz=telemetry.cpu_mhz(), temp_c=telemetry.temp_c(),
+            **extra,
         )
         if env.rank == 0:
-            print(f"[ddplab] step {self.step}/{cfg.max_steps} loss {mean_loss:.4f} lr {lr:.2e} "
-                  f"ws {env.world_size} {tokens_per_s:,.0f} tok/s "
+            what = "" if extra.get("committed", True) else " NOT COMMITTED (retried)"
+            print(f"[ddplab] step {self.step if step is None else step}/{cfg.max_steps}{what} "
+                  f"loss {mean_loss:.4f} lr {lr:.2e} ws {plan.world_size} {tokens_per_s:,.0f} tok/s "
                   f"(all-reduce {allreduce_s * 1e3:.1f} ms of {step_s * 1e3:.1f} ms)", flush=True)
 
     @torch.no_grad()
@@ -558,7 +753,10 @@ class Trainer:
         cfg, env = self.cfg, self.env
         loop_t0 = time.perf_counter()
         while self.step < cfg.max_steps:
-            self.train_step()
+            if not self.per_step:
+                self.train_step()
+            elif not self.per_step_train_step():
+                continue  # not committed: retried with the next quorum, never counted
             done = self.step == cfg.max_steps
             if self.step % cfg.eval_interval == 0 or done:
                 self.run_eval()
@@ -588,7 +786,8 @@ class Trainer:
             "final_train_loss": train_loss, "final_val_loss": val_loss,
             "final_step_loss": self.last_train_loss, "samples_seen": self.samples_seen,
             "tokens_seen": self.samples_seen * cfg.block_size, "wall_s": round(wall, 3),
-            "session_wall_s": round(now - self.session_start, 3), "world_size": env.world_size,
+            "session_wall_s": round(now - self.session_start, 3), "world_size": self.participants,
+            "engine": cfg.fault_tolerance,
             "restart_count": env.restart_count, "world_size_history": self.history,
             "batch_policy": self.plan.batch_policy, "global_batch_size": self.plan.global_batch_size,
             "session_tokens_per_s": round(tok_s, 1) if tok_s else None,
@@ -689,6 +888,8 @@ def run(cfg: TrainConfig, env: DistEnv | None = None) -> int:
                 continue
     finally:
         trainer.guard.uninstall()
+        if trainer.replica:
+            trainer.replica.shutdown()
     if trainer.metrics:
         trainer.metrics.close()
     destroy_process_group()
@@ -731,8 +932,9 @@ def cli(argv: list[str] | None = None) -> None:
     code = main(argv)
     sys.stdout.flush()
     sys.stderr.flush()
-    if code != EXIT_OK and dist.is_initialized():
-        # A peer is gone: tearing the process group down can block; leave without it.
+    if code != EXIT_OK and (dist.is_initialized() or "ddplab.ft" in sys.modules):
+        # A peer is gone: tearing the process group down (or joining torchft's quorum thread,
+        # per_step) can block; leave without it.
         os._exit(code)
     sys.exit(code)
 

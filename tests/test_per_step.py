@@ -1,0 +1,119 @@
+"""per_step engine, pure parts: its run.json keys, the sampler over changing participants, the
+per-step global batch and LR, and where a replica's addresses come from (ddplab.ft.endpoint)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from ddplab.config import ConfigError, build_config
+from ddplab.data import participant_sample_indices, rank_sample_indices
+from ddplab.lr import participants_global_batch
+
+PER_STEP = {"fault_tolerance": "per_step", "ft_lighthouse": "http://10.89.0.1:29510"}
+
+
+def test_defaults_keep_torchelastic_and_the_contract_values():
+    cfg = build_config()
+    assert cfg.fault_tolerance == "torchelastic" and cfg.ft_lighthouse is None
+    assert (cfg.ft_replica_id, cfg.ft_manager_port, cfg.ft_min_replicas) == (None, 29520, 1)
+    assert (cfg.ft_timeout_s, cfg.ft_quorum_timeout_s) == (5.0, 60.0)
+    cfg = build_config({**PER_STEP, "ft_replica_id": "laptop-a", "ft_timeout_s": 3})
+    assert cfg.fault_tolerance == "per_step" and cfg.ft_timeout_s == 3.0
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"fault_tolerance": "torchft"}, "'fault_tolerance' = 'torchft': must be one of torchelastic, per_step"),
+    ({"fault_tolerance": "per_step"}, "'ft_lighthouse' = None: fault_tolerance per_step needs"),
+    ({**PER_STEP, "ft_lighthouse": "10.89.0.1:29510"}, "must be 'http://ADDR:PORT'"),
+    ({**PER_STEP, "ft_lighthouse": "http://10.89.0.1"}, "must be 'http://ADDR:PORT'"),
+    ({**PER_STEP, "ft_lighthouse": "http://10.89.0.1:29510/x"}, "must be 'http://ADDR:PORT'"),
+    ({**PER_STEP, "ft_lighthouse": "http://10.89.0.1:70000"}, "must be 'http://ADDR:PORT'"),
+    ({**PER_STEP, "ft_manager_port": 0}, "'ft_manager_port' = 0: must be a TCP port"),
+    ({**PER_STEP, "ft_manager_port": 65536}, "must be a TCP port"),
+    ({**PER_STEP, "ft_manager_port": "x"}, "'ft_manager_port' = 'x': must be int"),
+    ({**PER_STEP, "ft_min_replicas": 0}, "'ft_min_replicas' = 0: must be a positive integer"),
+    ({**PER_STEP, "ft_timeout_s": 0}, "'ft_timeout_s' = 0.0: must be a number > 0"),
+    ({**PER_STEP, "ft_quorum_timeout_s": -1}, "'ft_quorum_timeout_s' = -1.0: must be a number > 0"),
+    ({**PER_STEP, "ft_replica_id": "laptop a"}, "'ft_replica_id' = 'laptop a': must be a non-empty name"),
+    ({**PER_STEP, "ft_replica_id": "a:b"}, "without spaces or ':'"),
+    ({**PER_STEP, "ft_lighthouses": "http://x:1"}, "unknown config key(s) in config file: ft_lighthouses"),
+])
+def test_bad_per_step_keys_are_one_line_errors(values, message):
+    with pytest.raises(ConfigError) as err:
+        build_config(values)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_per_step_cli_flags(tmp_path):
+    from ddplab.config import parse_args
+
+    cfg, _ = parse_args(["--fault-tolerance", "per_step", "--ft-lighthouse", "http://127.0.0.1:29510",
+                         "--ft-manager-port", "29600", "--ft-replica-id", "laptop-b"])
+    assert (cfg.ft_manager_port, cfg.ft_replica_id) == (29600, "laptop-b")
+
+
+def blocks(samples_seen: int, participants: int, global_batch: int) -> list[np.ndarray]:
+    return [participant_sample_indices(samples_seen, r, participants, global_batch)
+            for r in range(participants)]
+
+
+@pytest.mark.parametrize("policy", ["keep_per_rank", "keep_global"])
+def test_committed_steps_take_every_sample_once_whatever_the_participants(policy):
+    """A random run of quorums (participants 1..5, failed attempts retried at another count):
+    the samples of the committed steps are exactly 0..samples_seen-1, each once."""
+    rng = random.Random(7)
+    samples_seen, taken = 0, []
+    for _ in range(300):
+        participants = rng.randint(1, 5)
+        global_batch = participants_global_batch(policy, participants, 4, 14)
+        step = blocks(samples_seen, participants, global_batch)
+        if rng.random() < 0.2:
+            continue  # not committed: nothing advances, the next attempt starts from the same place
+        taken.extend(np.concatenate(step).tolist())
+        samples_seen += global_batch
+    assert sorted(taken) == list(range(samples_seen)) and len(taken) == len(set(taken))
+
+
+def test_blocks_split_the_remainder_and_match_torchelastic_per_rank_layout():
+    assert [b.tolist() for b in blocks(100, 3, 14)] == [
+        [100, 101, 102, 103, 104], [105, 106, 107, 108, 109], [110, 111, 112, 113]]
+    assert [len(b) for b in blocks(0, 3, 2)] == [1, 1, 0]  # more participants than samples
+    for rank in range(3):  # keep_per_rank: the same windows as the torchelastic engine's
+        np.testing.assert_array_equal(participant_sample_indices(48, rank, 3, 12),
+                                      rank_sample_indices(48, rank, 3, 4))
+    with pytest.raises(ValueError, match="rank 3 is not a participant rank of 3"):
+        participant_sample_indices(0, 3, 3, 12)
+
+
+def test_goyal_global_batch_follows_the_participants():
+    assert [participants_global_batch("keep_per_rank", p, 12, None) for p in (1, 2, 3)] == [12, 24, 36]
+    assert participants_global_batch("keep_global", 2, 12, 36) == 36
+    with pytest.raises(ValueError, match="keep_global needs a global_batch_size"):
+        participants_global_batch("keep_global", 2, 12, None)
+
+
+def test_endpoint_advertises_the_gloo_address_and_the_agents_store():
+    from ddplab.ft import Endpoint, FaultToleranceError, endpoint
+
+    env = {"DDPLAB_GLOO_ADDR": "10.89.0.11", "DDPLAB_RDZV_ENDPOINT": "10.89.0.11:29521",
+           "MASTER_ADDR": "10.89.0.11", "MASTER_PORT": "41234", "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    assert endpoint(env) == Endpoint("10.89.0.11", 29521, host_store=False)
+    del env["DDPLAB_RDZV_ENDPOINT"]  # plain torchrun: its shared worker store
+    assert endpoint(env) == Endpoint("10.89.0.11", 41234, host_store=False)
+    env["TORCHELASTIC_USE_AGENT_STORE"] = "False"  # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: host it
+    assert endpoint(env) == Endpoint("10.89.0.11", 41234, host_store=True)
+    assert endpoint({"DDPLAB_GLOO_ADDR": "127.0.0.1"}) == Endpoint("127.0.0.1", 0, host_store=True)
+    with pytest.raises(FaultToleranceError, match="per_step needs DDPLAB_GLOO_ADDR"):
+        endpoint({"MASTER_PORT": "1"})
+
+
+def test_per_step_without_gloo_addr_is_a_one_line_error_before_anything(tmp_path, data_path, tiny,
+                                                                         clean_env):
+    from ddplab.train import main
+
+    clean_env.delenv("DDPLAB_GLOO_ADDR", raising=False)
+    code = main(tiny(tmp_path / "out", data_path, fault_tolerance="per_step",
+                     ft_lighthouse="http://127.0.0.1:9"))
+    assert code == 2 and not (tmp_path / "out" / "metrics").exists()

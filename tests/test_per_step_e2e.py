@@ -1,0 +1,235 @@
+"""per_step engine end to end: a torchft lighthouse and replica groups as local processes, each
+started as the ddp_job unit starts it on a laptop (``python -m ddplab.agent --nnodes 1
+--nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint ADDR:PORT --rdzv-conf is_host=true ...
+--start-method fork -m ddplab.train``, ``DDPLAB_GLOO_ADDR=127.0.0.1``).
+
+* two replicas train to the end: both hold the same weights (same validation losses), every
+  committed step's samples are distinct and none is skipped, result.json names the engine;
+* three replicas, one SIGKILLed (agent and worker): the survivors commit the next step at 2
+  participants, lose no step and are not restarted; the killed replica started again (no
+  checkpoint of its own) gets its state from a live peer and the group is back to 3 participants
+  with the same weights. The recovery times are printed with the load average (docs/training.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, subprocess_env, tiny_args
+from labharness import free_port
+
+pytestmark = pytest.mark.slow
+
+LIGHTHOUSE = Path(sys.executable).parent / "torchft_lighthouse"
+
+
+@pytest.fixture
+def lighthouse(tmp_path):
+    """A lighthouse on a free port with the contract's settings; yields its http address."""
+    port = free_port()
+    log = open(tmp_path / "lighthouse.log", "w")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen([str(LIGHTHOUSE), "--bind", f"127.0.0.1:{port}", "--min_replicas", "1",
+                             "--quorum_tick_ms", "100", "--join_timeout_ms", "1000"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    yield f"http://127.0.0.1:{port}"
+    proc.kill()
+    proc.wait()
+    log.close()
+
+
+class Replica:
+    """One replica group: an agent process (own session) with its out_dir and ports."""
+
+    def __init__(self, root: Path, name: str, lighthouse: str, data: Path, **overrides) -> None:
+        self.name, self.out = name, root / name
+        self.rdzv_port, self.manager_port = free_port(), free_port()
+        self.args = tiny_args(self.out, data, fault_tolerance="per_step", ft_lighthouse=lighthouse,
+                              ft_replica_id=name, ft_manager_port=self.manager_port, **overrides)
+        self.proc: subprocess.Popen | None = None
+        self.started = 0.0
+
+    def start(self) -> None:
+        argv = [sys.executable, "-m", "ddplab.agent", "--nnodes", "1", "--nproc-per-node", "1",
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.rdzv_port}",
+                "--rdzv-id", f"test-{self.name}", "--rdzv-conf", "is_host=true",
+                "--local-addr", "127.0.0.1", "--max-restarts", "0", "--monitor-interval", "0.1",
+                "--start-method", "fork", "--log-dir", str(self.out / "logs"), "--tee", "3",
+                "-m", "ddplab.train", *self.args]
+        env = subprocess_env(DDPLAB_GLOO_ADDR="127.0.0.1", RUST_LOG="warn")
+        self.log = open(self.out.parent / f"{self.name}.log", "a")  # noqa: SIM115
+        self.started = time.time()
+        self.proc = subprocess.Popen(argv, env=env, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def records(self) -> list[dict]:
+        path = self.out / "metrics" / f"{os.uname().nodename}-local0.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+    def committed(self, since: float = 0.0) -> list[dict]:
+        return [r for r in self.records() if r["event"] == "step" and r.get("committed")
+                and r["time"] >= since]
+
+    def signal(self, sig: int) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.log.close()
+
+    def output(self, tail: int = 4000) -> str:
+        return (self.out.parent / f"{self.name}.log").read_text()[-tail:]
+
+
+def wait_until(what: str, predicate, replicas: list[Replica], timeout: float) -> float:
+    """Poll ``predicate()`` until it returns a truthy time; fail with the replicas' logs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        dead = [r.name for r in replicas if r.proc.poll() is not None]
+        if dead:
+            break
+        time.sleep(0.05)
+    logs = "\n".join(f"--- {r.name} (exit {r.proc.poll()})\n{r.output()}" for r in replicas)
+    raise AssertionError(f"timed out waiting for {what}\n{logs}")
+
+
+def first_at(replicas: list[Replica], participants: int, since: float) -> float | None:
+    """Time of the first committed step at ``participants`` after ``since`` (any replica)."""
+    times = [r["time"] for rep in replicas for r in rep.committed(since) if r["participants"] == participants]
+    return min(times) if times else None
+
+
+def assert_samples_distinct(replicas: list[Replica]) -> int:
+    """Every sample index is taken by at most one participant of one committed step; every
+    committed step whose participants all logged it covers its block without a gap. Returns
+    the number of committed steps checked."""
+    by_step: dict[int, list[dict]] = {}
+    for rep in replicas:
+        for r in rep.committed():
+            by_step.setdefault(r["step"], []).append(r)
+    seen: set[int] = set()
+    incomplete = 0
+    for step, records in sorted(by_step.items()):
+        participants = {r["participants"] for r in records}
+        assert len(participants) == 1, f"step {step}: participants differ {records}"
+        ranks = sorted(r["rank"] for r in records)
+        assert len(ranks) == len(set(ranks)), f"step {step}: two records of one rank {records}"
+        for r in records:
+            block = set(range(*r["samples"]))
+            assert not block & seen, f"step {step}: samples {r['samples']} seen before"
+            seen |= block
+        if len(records) == participants.pop():
+            end = records[0]["samples_seen"]
+            covered = sorted(i for r in records for i in range(*r["samples"]))
+            assert covered == list(range(end - records[0]["global_batch_size"], end)), step
+        else:
+            incomplete += 1  # the killed replica died between its commit and its record
+    assert incomplete <= 1, f"{incomplete} committed steps lack a participant's record"
+    return len(by_step)
+
+
+def val_losses(rep: Replica) -> dict[int, float]:
+    return {r["step"]: r["val_loss"] for r in rep.records() if r["event"] == "val"}
+
+
+def test_two_replicas_train_to_the_end_in_step(tmp_path, data_path, lighthouse):
+    reps = [Replica(tmp_path, f"node{i}", lighthouse, data_path, max_steps=60, eval_interval=20,
+                    ckpt_interval=30) for i in range(2)]
+    for rep in reps:
+        rep.start()
+    codes = [rep.wait(90) for rep in reps]
+    assert codes == [0, 0], "\n".join(rep.output() for rep in reps)
+    results = [json.loads((rep.out / "result.json").read_text()) for rep in reps]
+    assert [r["steps"] for r in results] == [60, 60]
+    assert {r["engine"] for r in results} == {"per_step"}
+    # same weights at every evaluation both made (a replica that started late joined mid-run)
+    common = val_losses(reps[0]).keys() & val_losses(reps[1]).keys()
+    assert 60 in common and all(val_losses(reps[0])[s] == val_losses(reps[1])[s] for s in common)
+    assert results[0]["final_val_loss"] == results[1]["final_val_loss"]
+    assert assert_samples_distinct(reps) == 60
+    for rep in reps:
+        steps = [r["step"] for r in rep.committed()]
+        assert steps == sorted(set(steps)) and steps[-1] == 60
+        start = [r for r in rep.records() if r["event"] == "start"]
+        assert len(start) == 1 and start[0]["engine"] == "per_step"
+        assert start[0]["ft_addr"] == "127.0.0.1" and start[0]["ft_store_port"] == rep.rdzv_port
+        assert sorted(p.name for p in (rep.out / "checkpoints").glob("*.pt")) == [
+            "ckpt-00000030.pt", "ckpt-00000060.pt"]
+    # Goyal: the LR scale follows the participants (global batch = participants x 4, reference 12)
+    both = [r for r in reps[0].committed() if r["participants"] == 2]
+    assert both and all(r["global_batch_size"] == 8 for r in both)
+
+
+def test_kill_one_of_three_then_rejoin_from_a_peer(tmp_path, data_path, lighthouse):
+    # no periodic checkpoint within the run: the restarted replica can only get its state live
+    reps = [Replica(tmp_path, f"node{i}", lighthouse, data_path, max_steps=100000, eval_interval=50,
+                    ckpt_interval=100000) for i in range(3)]
+    for rep in reps:
+        rep.start()
+    survivors, victim = reps[:2], reps[2]
+    t_three = wait_until("3 participants", lambda: first_at(reps, 3, 0.0), reps, 60)
+    wait_until("20 steps at 3", lambda: len([r for r in victim.committed(t_three)]) >= 20, reps, 30)
+
+    kill_time = time.time()
+    victim.signal(signal.SIGKILL)
+    victim.wait(10)
+    recovered = wait_until("a commit at 2 participants", lambda: first_at(survivors, 2, kill_time),
+                           survivors, 30)
+    recovered_s = recovered - kill_time
+    load_kill = Path("/proc/loadavg").read_text().split()[:3]
+
+    victim.start()
+    back = wait_until("back to 3 participants", lambda: first_at(reps, 3, victim.started), reps, 60)
+    rejoin_s = back - victim.started
+    load_rejoin = Path("/proc/loadavg").read_text().split()[:3]
+    wait_until("an evaluation after the rejoin",
+               lambda: any(s > r["step"] for r in victim.committed(victim.started)[:1]
+                           for s in val_losses(victim)), reps, 60)
+    for rep in reps:
+        rep.signal(signal.SIGTERM)
+    for rep in reps:
+        rep.wait(30)
+    worker_start = [r for r in victim.records() if r["event"] == "start"][-1]["time"]
+    print(f"\nper_step, 3 tiny replicas on this machine: kill -> commit at 2 participants "
+          f"{recovered_s:.2f} s (load {' '.join(load_kill)}); rejoin -> 3 participants "
+          f"{rejoin_s:.2f} s from the new agent's start, {back - worker_start:.2f} s from its "
+          f"worker's start record (load {' '.join(load_rejoin)})")
+
+    # the survivors: one worker each from start to end, no step committed twice, none lost. A
+    # survivor whose vote on the step of the kill failed while its peer committed it is healed
+    # from that peer at the next quorum (torchft votes per replica group): the group lost nothing.
+    for rep in survivors:
+        starts = [r for r in rep.records() if r["event"] == "start"]
+        assert len(starts) == 1 and starts[0]["restart_count"] == 0, rep.name
+        steps = [r["step"] for r in rep.committed()]
+        assert steps == sorted(set(steps)), f"{rep.name}: a step committed twice"
+        assert [r for r in rep.committed(kill_time) if r["participants"] == 2], rep.name
+    steps = sorted({r["step"] for rep in reps for r in rep.committed()})
+    assert steps == list(range(1, steps[-1] + 1)), "a step lost"
+    killed_last = max(r["step"] for r in victim.committed() if r["time"] < kill_time)
+    survivor_steps = {r["step"] for r in survivors[0].committed()}
+    assert killed_last in survivor_steps  # what the victim committed, the survivors kept
+    # the restarted victim: no checkpoint to read, state and step from a live peer
+    starts = [r for r in victim.records() if r["event"] == "start"]
+    assert len(starts) == 2 and starts[1]["resumed_from_step"] is None
+    rejoined = [r for r in victim.committed(victim.started)]
+    assert rejoined[0]["step"] > killed_last and rejoined[0]["participants"] == 3
+    assert "received from a live peer" in victim.output(tail=0)
+    # same weights as the peers: identical validation losses at every evaluation after the rejoin
+    after = {s: v for s, v in val_losses(victim).items() if s >= rejoined[0]["step"]}
+    assert after and all(val_losses(survivors[0]).get(s) == v for s, v in after.items()), after
+    assert assert_samples_distinct(reps) >= 40

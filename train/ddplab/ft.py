@@ -1,0 +1,221 @@
+"""The ``per_step`` recovery engine: one torchft replica group per node (docs/training.md).
+
+Each node runs one replica group of one worker. Before every optimizer step the replica's torchft
+``Manager`` asks the lighthouse (on the controller) for a quorum: the replica groups alive now.
+The gradients are averaged over the quorum's participants through a reconfigurable gloo group,
+and the step is applied only when every participant votes to commit it; a failed collective (a
+peer died, froze or was cut off) makes the vote fail, the step is thrown away and retried with
+the next quorum, without restarting any process. A replica that joins (a restarted node, or one
+that fell behind) receives the whole training state from a live peer over the gloo group
+(torchft's ``PGTransport``: no extra port, no checkpoint file).
+
+Addresses: every address a replica advertises is ``DDPLAB_GLOO_ADDR`` (the node's address on the
+route to the controller), never the host name (Ubuntu maps it to 127.0.1.1): the Manager's
+``hostname``, the store address handed to the peers, and the gloo device
+(:func:`ddplab.distributed.bound_gloo`; torchft's own ``ProcessGroupGloo`` builds its device from
+the host name or ``GLOO_SOCKET_IFNAME``). Ports: the Manager listens on ``ft_manager_port``; the
+replica's store, where the peers meet to build each quorum's gloo group, is the node's torchrun
+rendezvous store (``--rdzv-endpoint ADDR:PORT --rdzv-conf is_host=true``, hosted by the agent, so
+it outlives a worker restart), whose port ddplab.agent passes as ``DDPLAB_RDZV_ENDPOINT``. Without
+it: torchrun's shared worker store (``TORCHELASTIC_USE_AGENT_STORE=True``, ``MASTER_PORT``), else
+a store this worker hosts on ``MASTER_PORT`` or, without torchrun, an OS-chosen port.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+from torch.distributed import TCPStore
+from torchft import Manager, ProcessGroupGloo
+from torchft import Optimizer as OptimizerWrapper
+from torchft.checkpointing.pg_transport import PGTransport
+
+from ddplab.agent import RDZV_ENDPOINT_ENV
+from ddplab.distributed import GLOO_ADDR_ENV, bound_gloo
+
+#: Set by torchrun in the worker's environment when the workers share the agent's store.
+AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+
+
+class FaultToleranceError(ValueError):
+    """The per_step engine cannot start with this environment (one line naming the fix)."""
+
+
+class BoundProcessGroupGloo(ProcessGroupGloo):
+    """torchft's reconfigurable gloo group whose device listens on one address only.
+
+    Every quorum change reconfigures the group: torchft calls :meth:`_create_pg` with the quorum's
+    store, this replica's rank among the participants and their number.
+    """
+
+    def __init__(self, addr: str, timeout: timedelta) -> None:
+        super().__init__(timeout=timeout)
+        self.addr = addr
+
+    def _create_pg(self, store: Any, rank: int, world_size: int) -> Any:
+        base = torch.distributed.ProcessGroup
+        backend = bound_gloo(store, rank, world_size, self._timeout, self.addr)
+        backend._set_sequence_number_for_group()
+        pg = base(store, rank, world_size)
+        pg._set_default_backend(base.BackendType.GLOO)
+        pg._register_backend(torch.device("cpu"), base.BackendType.GLOO, backend)
+        return pg
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where this replica is reached: ``addr`` (advertised), the store port and whether this
+    process hosts the store (no torchrun agent store)."""
+
+    addr: str
+    store_port: int
+    host_store: bool
+
+
+def endpoint(environ: dict[str, str] | None = None) -> Endpoint:
+    """The address and store of this replica from the environment (see the module doc).
+
+    Raises:
+        FaultToleranceError: ``DDPLAB_GLOO_ADDR`` is unset, or a port is not a number.
+    """
+    env = os.environ if environ is None else environ
+    addr = env.get(GLOO_ADDR_ENV, "")
+    if not addr:
+        raise FaultToleranceError(
+            f"fault_tolerance per_step needs {GLOO_ADDR_ENV}: the node's address on the route to "
+            "the controller, advertised to the other replicas (the ddp_job unit sets it)")
+
+    def port_of(name: str, raw: str) -> int:
+        try:
+            return int(raw) if raw else 0
+        except ValueError:
+            raise FaultToleranceError(f"environment variable {name}={env.get(name)!r}: "
+                                      "the port is not a number") from None
+
+    rdzv = env.get(RDZV_ENDPOINT_ENV, "")
+    if rdzv:  # the agent's rendezvous store, on the node's address (--rdzv-endpoint ADDR:PORT)
+        return Endpoint(addr=addr, store_port=port_of(RDZV_ENDPOINT_ENV, rdzv.rpartition(":")[2]),
+                        host_store=False)
+    port = port_of("MASTER_PORT", env.get("MASTER_PORT", ""))
+    return Endpoint(addr=addr, store_port=port, host_store=env.get(AGENT_STORE_ENV) != "True" or not port)
+
+
+class Replica:
+    """This node's replica group: the torchft Manager, its gloo group and the wrapped optimizer.
+
+    Args:
+        cfg: the run configuration (``ft_*`` keys).
+        optimizer: the local optimizer; ``self.optimizer`` wraps it (``zero_grad`` starts the
+            quorum, ``step`` applies the update only when the step commits).
+        state_dict: returns the whole training state a joining replica needs.
+        load_state_dict: applies a state received from a live peer.
+        step: the committed step this replica starts from (its checkpoint's, else 0).
+
+    Raises:
+        FaultToleranceError: see :func:`endpoint`.
+        RuntimeError: the store, the Manager's port or the lighthouse cannot be reached (torchft).
+    """
+
+    def __init__(self, cfg: Any, optimizer: torch.optim.Optimizer,
+                 state_dict: Callable[[], dict[str, Any]],
+                 load_state_dict: Callable[[dict[str, Any]], None], step: int = 0) -> None:
+        where = endpoint()
+        self.replica_id = cfg.ft_replica_id or socket.gethostname()
+        self.addr = where.addr
+        timeout = timedelta(seconds=cfg.ft_timeout_s)
+        quorum_timeout = timedelta(seconds=cfg.ft_quorum_timeout_s)
+        self._store = None
+        port = where.store_port
+        if where.host_store:  # no agent store to share: this worker hosts the replica's store
+            self._store = TCPStore(where.addr, port, is_master=True, wait_for_workers=False,
+                                   timeout=quorum_timeout)
+            port = self._store.port
+        self.store_port = port
+        self.pg = BoundProcessGroupGloo(where.addr, timeout)
+        self.manager = Manager(
+            pg=self.pg, load_state_dict=load_state_dict, state_dict=state_dict,
+            min_replica_size=cfg.ft_min_replicas,
+            # the quorum is known before the batch is chosen, and a joiner is healed before it
+            # computes: every participant of a step holds the same state and knows its rank
+            use_async_quorum=False,
+            timeout=timeout, quorum_timeout=quorum_timeout, connect_timeout=quorum_timeout,
+            rank=0, world_size=1, store_addr=where.addr, store_port=port,
+            lighthouse_addr=cfg.ft_lighthouse, replica_id=self.replica_id,
+            port=cfg.ft_manager_port, hostname=where.addr,
+            checkpoint_transport=PGTransport(self.pg, timeout=timeout, device=torch.device("cpu")),
+        )
+        if step:
+            self.manager.load_state_dict({"step": step, "batches_committed": 0})
+        self.optimizer = OptimizerWrapper(self.manager, optimizer)
+
+    # --- one step ------------------------------------------------------------------------------
+    def start_step(self) -> tuple[int, int]:
+        """Join the quorum of the next step; a replica behind its peers is healed here.
+
+        Returns ``(participant rank, participants)``: this replica's rank among the quorum's
+        participants and their number. Zeroes the gradients (``optimizer.zero_grad``).
+        """
+        self.optimizer.zero_grad(set_to_none=True)
+        participants = self.manager.num_participants()
+        rank = self.manager.participating_rank()
+        return (0 if rank is None else rank), max(1, participants)
+
+    def average_gradients(self, params: Iterable[torch.nn.Parameter]) -> float:
+        """Average the gradients of ``params`` over the participants in one all-reduce; return
+        the seconds it took. A parameter without gradient contributes zeros (and gets them).
+
+        A failed collective does not raise: torchft records the error and the step's commit
+        vote fails (:meth:`commit` returns False); the gradients are then meaningless.
+        """
+        params = [p for p in params if p.requires_grad]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in params])
+        t0 = time.perf_counter()
+        self.manager.allreduce(flat).wait()
+        seconds = time.perf_counter() - t0
+        offset = 0
+        for p in params:
+            p.grad = flat[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+        return seconds
+
+    def sum(self, tensor: torch.Tensor) -> None:
+        """Sum ``tensor`` in place over the participants (same failure rule as :meth:`average`)."""
+        self.manager.allreduce(tensor, reduce_op=torch.distributed.ReduceOp.SUM).wait()
+
+    def errored(self) -> bool:
+        """A collective of this step failed: the step will not commit."""
+        return self.manager.errored() is not None
+
+    def commit(self) -> bool:
+        """Vote on the step; apply the optimizer update when every participant commits.
+
+        Returns True when the step was committed (the Manager's step advanced by one).
+        """
+        before = self.manager.current_step()
+        self.optimizer.step()
+        return self.manager.current_step() == before + 1
+
+    @property
+    def quorum_id(self) -> int:
+        return self.manager._quorum_id
+
+    @property
+    def step(self) -> int:
+        """The committed step count of this replica (torchft's, moved by commits and healing)."""
+        return self.manager.current_step()
+
+    def state(self) -> dict[str, int]:
+        """The Manager's own state (its step count), kept in checkpoints."""
+        return self.manager.state_dict()
+
+    def shutdown(self) -> None:
+        """Stop the Manager server without waiting (a quorum call in flight is abandoned)."""
+        self.manager.shutdown(wait=False)
