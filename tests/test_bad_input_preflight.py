@@ -1022,7 +1022,8 @@ def test_firewall_without_ufw_enabled_changes_nothing(lab, tmp_path: Path):
 def test_firewall_opens_only_the_cluster_subnet_when_ufw_is_enabled(lab, tmp_path: Path):
     """One node turns ufw on (default deny incoming): the check mode changes nothing, the role
     then allows TCP from the cluster's subnet only (a peer gets through again), a second run
-    changes nothing; as the rendezvous host it opens the store's port only."""
+    changes nothing; as the rendezvous host it opens the store's and the lighthouse's ports only;
+    a trainer also gets the per_step engine's fixed ports (torchft manager and store) by name."""
     target, peer = lab.trainers[-1], lab.trainers[0]
     if node_exec(lab, target, "test", "-x", "/usr/sbin/ufw").returncode != 0:
         skip_or_fail(f"{target} has no ufw: the node image predates it (rebuild: make image)")
@@ -1042,13 +1043,15 @@ def test_firewall_opens_only_the_cluster_subnet_when_ufw_is_enabled(lab, tmp_pat
             )
             assert _can_connect(lab, peer, address, port) == "timeout"
             rc, out = run_playbooks(lab.env, lab.inventory, [str(play)], "--limit", target, "--check")
-            assert rc == 0 and recap(out)[target]["changed"] == 1, out[-3000:]
+            assert rc == 0 and recap(out)[target]["changed"] == 2, out[-3000:]
             assert "ddp-lab" not in node_exec(lab, target, "ufw", "status").stdout
             rc, out = run_playbooks(lab.env, lab.inventory, [str(play)], "--limit", target)
-            assert rc == 0 and recap(out)[target]["changed"] == 1, out[-3000:]
+            assert rc == 0 and recap(out)[target]["changed"] == 2, out[-3000:]
             status = node_exec(lab, target, "ufw", "status").stdout
             subnet = re.search(r"ALLOW\s+(\d+\.\d+\.\d+\.\d+/\d+)/tcp\s+# ddp-lab trainers", status)
             assert subnet and ipaddress.ip_address(address) in ipaddress.ip_network(subnet.group(1)), status
+            assert re.search(r"29520/tcp\s+ALLOW\s+\S+\s+# ddp-lab torchft manager", status), status
+            assert re.search(r"29521/tcp\s+ALLOW\s+\S+\s+# ddp-lab torchft store", status), status
             assert _can_connect(lab, peer, address, port) == "refused"
             rc, out = run_playbooks(lab.env, lab.inventory, [str(play)], "--limit", target)
             assert rc == 0 and recap(out)[target]["changed"] == 0, out[-3000:]
@@ -1073,6 +1076,7 @@ def test_firewall_opens_only_the_cluster_subnet_when_ufw_is_enabled(lab, tmp_pat
             assert rc == 0 and recap(out)[target]["changed"] == 1, out[-3000:]
             status = node_exec(lab, target, "ufw", "status").stdout
             assert re.search(r"29555/tcp\s+ALLOW\s+\S+\s+# ddp-lab rendezvous", status), status
+            assert re.search(r"29510/tcp\s+ALLOW\s+\S+\s+# ddp-lab lighthouse", status), status
             assert "# ddp-lab trainers" not in status
             assert _can_connect(lab, peer, address, port) == "timeout"
         finally:

@@ -150,7 +150,7 @@ def test_gloo_interface_recorded(host):
     assert address in host.check_output("ip -4 -o addr show dev %s", ifname)
 
 
-@pytest.mark.parametrize("package", ["torch", "numpy", "psutil"])
+@pytest.mark.parametrize("package", ["torch", "numpy", "psutil", "torchft"])
 def test_same_versions_on_every_node(package):
     """Every trainer has the same version of each pinned package (DDP hangs on a mismatch)."""
     assert len(TRAINERS) >= 2

@@ -1,0 +1,286 @@
+"""ddp_job's launch under each recovery engine (ddp_job_fault_tolerance), rendered by Ansible from
+the role's own defaults and vars: torchelastic stays as it was; per_step is the per-laptop replica
+group of /work/notes/ft-contract.md (own torchrun around a local store, TORCHFT_LIGHTHOUSE, the
+engine's run.json keys); the fault role's filters (rejoin compares command lines, the run's engine)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from labharness import REPO, ansible_env, run_playbooks
+
+
+def _load(name: str, path: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+fault_filters = _load("fault_filters", "roles/fault/filter_plugins/fault.py")
+
+WHAT = (
+    "ARGV={{ (__ddp_job_systemd_run + ddp_job_agent_argv) | to_json }} "
+    "NODEOPTS={{ ddp_job_agent_node_options | to_json }} CONFIG={{ __ddp_job_config | to_json }} END"
+)
+
+
+def render(tmp_path: Path, *extra: str) -> tuple[list[str], list[str], dict]:
+    """(systemd-run + agent argv, per-node options, run.json) of trainer t-a, engine from ``extra``."""
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "children": {
+                        "trainers": {
+                            "hosts": {
+                                "t-a": {"ansible_connection": "local"},
+                                "t-b": {"ansible_connection": "local"},
+                            }
+                        },
+                        "rendezvous": {
+                            "hosts": {
+                                "controller": {
+                                    "ansible_connection": "local",
+                                    "rendezvous_address": "192.168.50.10",
+                                }
+                            }
+                        },
+                    }
+                }
+            }
+        )
+    )
+    play = tmp_path / "render.yml"
+    play.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "name": "Render the agent command line",
+                    "hosts": "t-a",
+                    "gather_facts": False,
+                    "vars_files": [
+                        str(REPO / "roles/ddp_lab/defaults/main.yml"),
+                        str(REPO / "roles/ddp_job/defaults/main.yml"),
+                        str(REPO / "roles/ddp_job/vars/main.yml"),
+                    ],
+                    "vars": {
+                        "ddp_lab_run_id": "r1",
+                        "wired_network_ifname": "enp3s0",
+                        "wired_network_address": "192.168.50.11",
+                        "__ddp_job_launch_token": "tok",
+                        "__ddp_job_node": {"cores": 4},
+                    },
+                    "tasks": [{"name": "Print it", "ansible.builtin.debug": {"msg": WHAT}}],
+                }
+            ]
+        )
+    )
+    rc, out = run_playbooks(ansible_env(), str(inventory), [str(play)], *extra, timeout=120)
+    assert rc == 0, out[-3000:]
+    m = re.search(r'"msg": "ARGV=(\[.*?\]) NODEOPTS=(\[.*?\]) CONFIG=(\{.*?\}) END"', out)
+    assert m, out[-3000:]
+    return tuple(json.loads(g.replace('\\"', '"')) for g in m.groups())
+
+
+def test_torchelastic_launch_is_unchanged(tmp_path: Path):
+    argv, node_opts, config = render(tmp_path)
+    agent = argv[argv.index("ddplab.agent") - 2 :]
+    assert agent == [
+        "/opt/ddp-lab/venv/bin/python",
+        "-m",
+        "ddplab.agent",
+        "--nnodes",
+        "1:2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "192.168.50.10:29400",
+        "--rdzv-id",
+        "r1",
+        "--rdzv-conf",
+        "is_host=false,join_timeout=120,last_call_timeout=3,close_timeout=10,"
+        "keep_alive_interval=1,keep_alive_max_attempt=3",
+        "--local-addr",
+        "192.168.50.11",
+        "--max-restarts",
+        "10",
+        "--monitor-interval",
+        "1",
+        "--start-method",
+        "fork",
+        "--log-dir",
+        "/var/lib/ddp-lab/runs/r1/logs",
+        "--tee",
+        "3",
+        "-m",
+        "ddplab.train",
+        "--config",
+        "/var/lib/ddp-lab/runs/r1/run.json",
+    ]
+    env = [argv[i + 1] for i, a in enumerate(argv) if a == "--setenv"]
+    assert env == [
+        "GLOO_SOCKET_IFNAME=enp3s0",
+        "DDPLAB_GLOO_ADDR=192.168.50.11",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
+        "OMP_NUM_THREADS=4",
+        "PYTHONUNBUFFERED=1",
+        "LOGLEVEL=INFO",
+        "DDPLAB_AGENT_BARRIER=tok",
+        "DDPLAB_AGENT_BARRIER_NODES=1",
+        "DDPLAB_AGENT_BARRIER_TIMEOUT=120",
+    ]
+    assert node_opts == ["--local-addr"]
+    assert not [k for k in config if k == "fault_tolerance" or k.startswith("ft_")], config
+
+
+def test_per_step_launch_is_one_replica_group_per_laptop(tmp_path: Path):
+    argv, node_opts, config = render(tmp_path, "-e", "ddp_job_fault_tolerance=per_step")
+    agent = argv[argv.index("ddplab.agent") - 2 :]
+    assert agent == [
+        "/opt/ddp-lab/venv/bin/python",
+        "-m",
+        "ddplab.agent",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "192.168.50.11:29521",
+        "--rdzv-id",
+        "r1-t-a",
+        "--rdzv-conf",
+        "is_host=true",
+        "--local-addr",
+        "192.168.50.11",
+        "--max-restarts",
+        "10",
+        "--monitor-interval",
+        "1",
+        "--start-method",
+        "fork",
+        "--log-dir",
+        "/var/lib/ddp-lab/runs/r1/logs",
+        "--tee",
+        "3",
+        "-m",
+        "ddplab.train",
+        "--config",
+        "/var/lib/ddp-lab/runs/r1/run.json",
+    ]
+    env = [argv[i + 1] for i, a in enumerate(argv) if a == "--setenv"]
+    assert env == [
+        "GLOO_SOCKET_IFNAME=enp3s0",
+        "DDPLAB_GLOO_ADDR=192.168.50.11",
+        "OMP_NUM_THREADS=4",
+        "PYTHONUNBUFFERED=1",
+        "LOGLEVEL=INFO",
+        "TORCHFT_LIGHTHOUSE=http://192.168.50.10:29510",
+    ]
+    assert node_opts == ["--local-addr", "--rdzv-endpoint", "--rdzv-id"]
+    assert {k: v for k, v in config.items() if k == "fault_tolerance" or k.startswith("ft_")} == {
+        "fault_tolerance": "per_step",
+        "ft_lighthouse": "http://192.168.50.10:29510",
+        "ft_replica_id": "t-a",
+        "ft_manager_port": 29520,
+        "ft_min_replicas": 1,
+        "ft_timeout_s": 5.0,
+        "ft_quorum_timeout_s": 60.0,
+    }
+
+
+def test_per_step_settings_reach_the_launch(tmp_path: Path):
+    argv, _, config = render(
+        tmp_path,
+        "-e",
+        "ddp_job_fault_tolerance=per_step",
+        "-e",
+        "ddp_job_ft_store_port=30001",
+        "-e",
+        "rendezvous_lighthouse_port=30002",
+        "-e",
+        "ddp_job_ft_manager_port=30003",
+    )
+    assert argv[argv.index("--rdzv-endpoint") + 1] == "192.168.50.11:30001"
+    assert "TORCHFT_LIGHTHOUSE=http://192.168.50.10:30002" in argv
+    assert config["ft_manager_port"] == 30003 and config["ft_lighthouse"] == "http://192.168.50.10:30002"
+
+
+def test_rejoin_compares_command_lines_without_the_laptops_own_values():
+    ours = [
+        "py",
+        "-m",
+        "ddplab.agent",
+        "--rdzv-endpoint",
+        "10.0.0.2:29521",
+        "--rdzv-id",
+        "r1-b",
+        "--local-addr",
+        "10.0.0.2",
+        "--max-restarts",
+        "10",
+    ]
+    theirs = [
+        "py",
+        "-m",
+        "ddplab.agent",
+        "--rdzv-endpoint",
+        "10.0.0.3:29521",
+        "--rdzv-id",
+        "r1-c",
+        "--local-addr",
+        "10.0.0.3",
+        "--max-restarts",
+        "10",
+    ]
+    opts = ["--local-addr", "--rdzv-endpoint", "--rdzv-id"]
+    assert (
+        fault_filters.without_options(ours, opts)
+        == fault_filters.without_options(theirs, opts)
+        == ["py", "-m", "ddplab.agent", "--max-restarts", "10"]
+    )
+    assert fault_filters.without_options(["a", "--local-addr=1.2.3.4", "b", 7], ["--local-addr"]) == [
+        "a",
+        "b",
+        "7",
+    ]
+    # another setting is still seen
+    assert fault_filters.without_options(ours, opts) != fault_filters.without_options(
+        [*theirs[:-1], "3"], opts
+    )
+
+
+def test_run_engine_from_events():
+    launch = {"kind": "launch", "run_id": "r1", "engine": "per_step"}
+    text = "\n".join(
+        [json.dumps(launch), "not json", json.dumps({"kind": "fault", "engine": "torchelastic"})]
+    )
+    assert fault_filters.run_engine(text) == "per_step"
+    assert fault_filters.run_engine(json.dumps({"kind": "launch", "run_id": "old"})) == "torchelastic"
+    assert fault_filters.run_engine("") == fault_filters.run_engine(None) == "torchelastic"
+    resumed = text + "\n" + json.dumps({"kind": "resume", "engine": "torchelastic"})
+    assert fault_filters.run_engine(resumed) == "torchelastic"
+    with pytest.raises(ValueError, match="not one of"):
+        fault_filters.run_engine(json.dumps({"kind": "launch", "engine": "bogus"}))
+
+
+def test_torchft_pinned_alike_on_controller_and_nodes():
+    """The lighthouse (controller venv, requirements-torch.txt) and the replicas (the nodes'
+    wheelhouse, roles/python_env) run the same torchft release, and the wheelhouse downloads it."""
+    defaults = yaml.safe_load((REPO / "roles/python_env/defaults/main.yml").read_text())
+    reqs = yaml.safe_load((REPO / "roles/python_env/vars/main.yml").read_text())["__python_env_requirements"]
+    assert "torchft=={{ python_env_torchft_version }}" in reqs
+    controller = [ln.strip() for ln in (REPO / "requirements-torch.txt").read_text().splitlines()]
+    assert f"torchft=={defaults['python_env_torchft_version']}" in controller
+    torch_pin = next(ln for ln in controller if ln.startswith("torch=="))
+    assert torch_pin == f"torch=={defaults['python_env_torch_version']}"
