@@ -186,6 +186,7 @@ def test_per_step_launch_is_one_replica_group_per_laptop(tmp_path: Path):
         "PYTHONUNBUFFERED=1",
         "LOGLEVEL=INFO",
         "TORCHFT_LIGHTHOUSE=http://192.168.50.10:29510",
+        "RUST_LOG=warn",
     ]
     assert node_opts == ["--local-addr", "--rdzv-endpoint", "--rdzv-id"]
     assert {k: v for k, v in config.items() if k == "fault_tolerance" or k.startswith("ft_")} == {
