@@ -88,6 +88,23 @@ def read_jsonl(path: str | Path, tail_bytes: int | None = None) -> tuple[list[di
     return parse_jsonl(text)
 
 
+def read_new_lines(path: str | Path, offset: int, limit: int) -> tuple[str, int, int]:
+    """``(text, start, end)``: the complete lines of ``path`` from byte ``offset`` on, at most ``limit``
+    bytes (UTF-8, bad bytes replaced), for a reader that follows a growing file.
+
+    ``start`` is ``offset``, or 0 when the file is now shorter than ``offset`` (it was replaced: read
+    again from the start); ``end`` is the offset after the last newline returned (a line still being
+    written stays for the next call). Raises OSError when the file cannot be read.
+    """
+    with open(path, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        start = offset if 0 <= offset <= fh.tell() else 0
+        fh.seek(start)
+        data = fh.read(max(0, limit))
+    data = data[: data.rfind(b"\n") + 1]
+    return data.decode("utf-8", errors="replace"), start, start + len(data)
+
+
 def read_metrics_dir(
     metrics_dir: str | Path, host: str | None = None, tail_bytes: int | None = None
 ) -> tuple[list[dict[str, Any]], int]:

@@ -9,7 +9,9 @@ failed | absent`` (:func:`job_state`), ``progress`` the newest figures (:func:`n
 run id, step/max_steps, losses, world size, rank, restarts, seconds since the newest record, the
 last failure), ``agent`` ``{state, substate, running, pid}``, ``workers`` (the newest record of
 every worker: who holds which rank) and, with ``--since T`` (a fault injected at T), ``phase`` and
-``measure`` (:mod:`ddplab.faults`). The ``ddp_job_watch`` action plugin (roles/ddp_job) and the
+``measure`` (:mod:`ddplab.faults`); with ``--chunks-from OFFSETS`` also ``chunks``, the metrics
+lines written since those byte offsets (:func:`metrics_chunks`: the watch copies them to the
+controller for the live report). The ``ddp_job_watch`` action plugin (roles/ddp_job) and the
 ``ddp_lab_progress`` action plugin (roles/fault) poll it; nothing else decides the job's state.
 
 Exit status: 0 (the state is in the output, also when there is no job); 2 bad arguments.
@@ -28,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from ddplab import faults
-from ddplab.records import Record, as_int, events_of, num, read_metrics_dir
+from ddplab.records import Record, as_int, events_of, num, read_metrics_dir, read_new_lines
 
 TAIL_BYTES = 256 * 1024  # read at most this much of the end of each metrics file
+CHUNK_BYTES = 1024 * 1024  # --chunks-from: at most this much of each metrics file per call
 
 
 def fmt(v: float | None, spec: str = ".3f", none: str = "-") -> str:
@@ -209,13 +212,43 @@ def progress(out_dir: Path, unit: str | None, host: str | None = None,
     return out
 
 
+def metrics_chunks(metrics_dir: Path, offsets: Mapping[str, int],
+                   limit: int = CHUNK_BYTES) -> dict[str, dict[str, Any]]:
+    """The lines of every ``metrics_dir/*.jsonl`` written since ``offsets`` (file name -> byte offset;
+    0 for a file not named): ``{name: {from, to, text}}`` (:func:`ddplab.records.read_new_lines`:
+    complete lines only, at most ``limit`` bytes a file; ``from`` 0 again when a file was replaced).
+    A reader appends ``text`` to its copy at ``from`` and passes ``to`` next time. {} without the
+    folder; a file that cannot be read is left out.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    if not metrics_dir.is_dir():
+        return out
+    for path in sorted(metrics_dir.glob("*.jsonl")):
+        try:
+            text, start, end = read_new_lines(path, int(offsets.get(path.name, 0)), limit)
+        except OSError:
+            continue
+        out[path.name] = {"from": start, "to": end, "text": text}
+    return out
+
+
+def _offsets(text: str) -> dict[str, int]:
+    """``--chunks-from``'s JSON object (file name -> byte offset); argparse reports a ValueError."""
+    data = json.loads(text)
+    if not isinstance(data, dict) or not all(isinstance(v, int) and v >= 0 for v in data.values()):
+        raise ValueError("expected a JSON object of file name -> byte offset")
+    return data
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI (see the module docstring); exit 2 on a bad ``--mode``."""
+    """CLI (see the module docstring); exit 2 on a bad ``--mode`` or ``--chunks-from``."""
     ap = argparse.ArgumentParser(prog="python -m ddplab.status", description=__doc__.split("\n")[0])
     ap.add_argument("--out-dir", type=Path, required=True, help="the run's folder on this node")
     ap.add_argument("--unit", default="ddp-lab-agent", help="the agent's systemd unit ('' = none)")
     ap.add_argument("--host", default=None, help="name to show (default: hostname)")
     ap.add_argument("--json", action="store_true", help="print the whole state as JSON")
+    ap.add_argument("--chunks-from", type=_offsets, default=None, metavar="OFFSETS",
+                    help='also the metrics lines since these byte offsets, e.g. {"a.jsonl": 1024} ({} = all)')
     f = ap.add_argument_group("after a fault (the fault role's wait)")
     f.add_argument("--since", type=float, default=None, metavar="T",
                    help="unix time of an injection: measure it from this node's records (phase, measure)")
@@ -227,6 +260,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.since is not None:
         inj = faults.Injection(time=a.since, mode=a.mode, node=a.node or "?", duration_s=a.duration_s or None)
     out = progress(a.out_dir, a.unit or None, a.host, inj)
+    if a.chunks_from is not None:
+        out["chunks"] = metrics_chunks(a.out_dir / "metrics", a.chunks_from)
     print(json.dumps(out) if a.json else out["line"])
     return 0
 

@@ -12,13 +12,25 @@ unreachable | timeout) and the last ``progress``/``unit``/``line``/``workers``, 
 ``once: true`` (``status.yml``, ``logs.yml``): one read, nothing printed; ``state`` is the node's
 state as read (``running`` too), ``unreachable`` when the node cannot be reached, ``error`` when
 the command failed there, with ``error`` holding the one-line reason.
+
+Live report (``report_dir``: the run's folder on the controller): each poll also brings the node's
+metrics lines written since the last one (``ddplab.status --chunks-from``), which are appended to
+``<report_dir>/.watch/<label>/metrics/`` on the controller (:class:`LiveReport`); every interval
+one of the trainers' watches (a file lock decides which) rewrites ``<report_dir>/report.html`` from
+those copies in the background (``python -m ddplab.controller.report --metrics .watch --live``:
+the page reloads itself and says "live, step S of M, updated HH:MM:SS"). A watch waits for its
+report build before it returns, so the final report (collect) is never overwritten by a live one.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import time
+from pathlib import Path
 
+import filelock
 from ansible.errors import AnsibleConnectionFailure, AnsibleError
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
@@ -34,7 +46,101 @@ ARGS = {
     "timeout_s": {"type": "float", "default": 86400.0},
     "max_errors": {"type": "int", "default": 6},
     "once": {"type": "bool", "default": False},
+    # live report (see the module docstring); "" = none
+    "report_dir": {"type": "str", "default": ""},
+    "report_python": {"type": "str", "default": ""},
+    "report_pythonpath": {"type": "str", "default": ""},
 }
+REPORT_WAIT_S = 120.0  # how long a returning watch waits for its live report build
+
+
+class LiveReport:
+    """The controller's copy of one node's metrics, and the live report built from all copies.
+
+    ``run_dir``: the run's folder on the controller; ``host``: the node's folder name in it;
+    ``python`` / ``pythonpath``: the interpreter and PYTHONPATH that run ``ddplab.controller.report``;
+    ``interval_s``: at most one build per interval (and the page's reload interval).
+    """
+
+    def __init__(self, run_dir: str, host: str, python: str, pythonpath: str, interval_s: float):
+        self.run_dir = Path(run_dir)
+        self.watch_dir = self.run_dir / ".watch"
+        self.copy_dir = self.watch_dir / host / "metrics"
+        self.python, self.pythonpath, self.interval_s = python, pythonpath, interval_s
+        self.offsets: dict[str, int] = {}
+        self.lock = filelock.FileLock(str(self.watch_dir / "report.lock"))
+        self.child: subprocess.Popen | None = None
+        self.error: str | None = None
+        self.shown: set[str] = set()  # errors printed already
+
+    def store(self, chunks: dict) -> None:
+        """Append each file's new lines (``ddplab.status`` ``chunks``) to the copy; a chunk from
+        offset 0 (first poll, or the node's file was replaced) rewrites the copy."""
+        self.copy_dir.mkdir(parents=True, exist_ok=True)
+        for name, chunk in sorted(chunks.items()):
+            if Path(name).name != name or not name.endswith(".jsonl"):
+                continue  # only plain metrics file names: nothing is written outside the copy folder
+            start, text = int(chunk["from"]), str(chunk["text"])
+            mode = "a" if start and start == self.offsets.get(name) else "w"
+            if mode == "w" and start:
+                continue  # a gap: ask again from 0 next time
+            with open(self.copy_dir / name, mode, encoding="utf-8") as fh:
+                fh.write(text)
+            self.offsets[name] = int(chunk["to"])
+
+    def argv(self) -> list[str]:
+        """The command that writes the live page."""
+        return [self.python, "-m", "ddplab.controller.report", str(self.run_dir), "--metrics",
+                str(self.watch_dir), "--live", str(max(1, round(self.interval_s)))]
+
+    def _reap(self, wait_s: float = 0.0) -> bool:
+        """Whether no build of this watch is running now (waiting up to ``wait_s``); releases the
+        lock and notes the error of a failed build."""
+        if self.child is None:
+            return True
+        try:
+            rc = self.child.wait(timeout=wait_s) if wait_s else self.child.poll()
+        except subprocess.TimeoutExpired:
+            self.child.kill()
+            rc = self.child.wait()
+        if rc is None:
+            return False
+        if rc not in (0, 3):  # 3: no step metrics yet, a page says so
+            log = (self.watch_dir / "report.log").read_text(errors="replace").strip().splitlines()
+            last = log[-1] if log else "?"
+            self.error = f"live report: exit {rc}: {last} (see {self.watch_dir}/report.log)"
+        self.child = None
+        self.lock.release()
+        return True
+
+    def maybe_build(self, now: float | None = None) -> bool:
+        """Start a build in the background when none runs (here or in another trainer's watch) and
+        report.html is older than 0.8 interval; returns whether one was started."""
+        if not self._reap():
+            return False
+        now = time.time() if now is None else now
+        try:
+            age = now - (self.run_dir / "report.html").stat().st_mtime
+        except OSError:
+            age = float("inf")
+        if age < 0.8 * self.interval_s:
+            return False
+        try:
+            self.lock.acquire(timeout=0)
+        except filelock.Timeout:
+            return False  # another trainer's watch is building it
+        env = dict(os.environ, PYTHONPATH=self.pythonpath) if self.pythonpath else None
+        try:
+            with open(self.watch_dir / "report.log", "w", encoding="utf-8") as log:
+                self.child = subprocess.Popen(self.argv(), stdout=subprocess.DEVNULL, stderr=log, env=env)
+        except OSError:
+            self.lock.release()
+            raise
+        return True
+
+    def close(self) -> None:
+        """Wait (at most REPORT_WAIT_S) for this watch's build to end."""
+        self._reap(REPORT_WAIT_S)
 
 
 def first_line(exc: BaseException, limit: int = 160) -> str:
@@ -48,7 +154,7 @@ class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _requires_connection = True
 
-    def _poll(self, args: dict, task_vars: dict) -> dict:
+    def _poll(self, args: dict, task_vars: dict, live: LiveReport | None = None) -> dict:
         argv = [
             args["python"],
             "-m",
@@ -60,7 +166,7 @@ class ActionModule(ActionBase):
             "--host",
             args["label"],
             "--json",
-        ]
+        ] + (["--chunks-from", json.dumps(live.offsets)] if live is not None else [])
         res = self._execute_module(
             module_name="ansible.builtin.command", module_args={"argv": argv}, task_vars=task_vars
         )
@@ -81,13 +187,19 @@ class ActionModule(ActionBase):
         start = time.monotonic()
         errors, polls, last = 0, 0, None
         state = "running"
+        live = None
+        if args["report_dir"]:
+            live = LiveReport(args["report_dir"], args["label"], args["report_python"] or "python3",
+                              args["report_pythonpath"], args["interval_s"])
         while True:
             polls += 1
             try:
-                last = self._poll(args, task_vars)
+                last = self._poll(args, task_vars, live)
                 errors = 0
                 state = last["state"]
                 display.display(last["line"])
+                if live is not None:
+                    self._live_report(live, last)
             except Exception as exc:  # noqa: BLE001 - a node that vanished is an outcome, not a crash
                 errors += 1
                 display.display(
@@ -104,6 +216,8 @@ class ActionModule(ActionBase):
                 state = "timeout"
                 break
             time.sleep(args["interval_s"])
+        if live is not None:
+            live.close()
         result.update(
             {
                 "changed": False,
@@ -120,6 +234,19 @@ class ActionModule(ActionBase):
             }
         )
         return result
+
+    @staticmethod
+    def _live_report(live: LiveReport, doc: dict) -> None:
+        """Store the poll's metrics lines and start a live report build when one is due; a problem
+        is printed once and never ends the watch."""
+        try:
+            live.store(doc.get("chunks") or {})
+            live.maybe_build()
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            live.error = f"live report: {first_line(exc)}"
+        if live.error and live.error not in live.shown:
+            display.warning(live.error)
+            live.shown.add(live.error)  # printed once
 
     def _once(self, result: dict, args: dict, task_vars: dict) -> dict:
         """One read of the node's state (see the module docstring: ``once``)."""

@@ -73,9 +73,43 @@ def mismatch_summary(values: dict) -> str:
             f"{'has' if len(majority) == 1 else 'have'} {common})")
 
 
+def dist_info_globs(requirements: list[str]) -> list[str]:
+    """Globs of the ``*.dist-info`` folders pip leaves in site-packages for pinned requirements
+    (``name==version``; the name normalised as in wheel file names: ``-``/``.`` -> ``_``, PEP 427),
+    e.g. ``torch==2.13.0`` -> ``torch-2.13.0*.dist-info`` (a local version ``+cpu`` matches too).
+    Raises ValueError for a requirement that is not pinned with ``==``.
+    """
+    out = []
+    for req in requirements:
+        name, sep, version = str(req).partition("==")
+        if not sep or not name.strip() or not version.strip():
+            raise ValueError(f"not a pinned requirement (name==version): {req!r}")
+        norm = name.strip().replace("-", "_").replace(".", "_")
+        out.append(f"{norm}-{version.strip()}*.dist-info")
+    return out
+
+
+def copy_plan(files: list[dict]) -> list[dict]:
+    """The wheels of ``ansible.builtin.find`` results (``path``, ``size`` in bytes), smallest first,
+    each with ``label``: ``<k>/<n> <name> (<size> MB; <so far> of <total> MB)``, the progress
+    line Ansible prints when that file has been copied.
+    """
+    ordered = sorted(files, key=lambda f: (int(f.get("size", 0)), str(f["path"])))
+    total = sum(int(f.get("size", 0)) for f in ordered) / 1e6
+    out, so_far = [], 0.0
+    for k, f in enumerate(ordered, 1):
+        size = int(f.get("size", 0)) / 1e6
+        so_far += size
+        name = str(f["path"]).rsplit("/", 1)[-1]
+        out.append({"path": str(f["path"]), "name": name,
+                    "label": f"{k}/{len(ordered)} {name} ({size:.1f} MB; {so_far:.0f} of {total:.0f} MB)"})
+    return out
+
+
 class FilterModule:
     """Ansible filter plugin entry point."""
 
     def filters(self) -> dict:
         return {"manylinux_platforms": manylinux_platforms, "pip_error": pip_error,
-                "mismatch_summary": mismatch_summary}
+                "mismatch_summary": mismatch_summary, "python_env_dist_info_globs": dist_info_globs,
+                "python_env_copy_plan": copy_plan}

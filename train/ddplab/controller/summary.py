@@ -321,7 +321,6 @@ def human_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None)
     if run_dir is not None:
         lines.append(
             f"folder: {run_dir}" + (f" (sample: {summary['sample']})" if summary.get("sample") else "")
-            + (f"; report: {Path(run_dir) / summary['report']}" if summary.get("report") else "")
         )
     return "\n".join(lines)
 

@@ -125,6 +125,7 @@ def plot_loss(run: RunFolder, fl: list[Fault], rs: list[Restart], out: Path) -> 
     fig, ax = plt.subplots(figsize=(11, 4.2))
     tr = loss_per_step(run)
     ax.plot([s for s, _ in tr], [v for _, v in tr], color="tab:blue", lw=1.2,
+            marker="o" if len(tr) < 30 else None, ms=3,  # a live page's first points stay visible
             label="train loss (minibatch, mean over ranks)")
     te = train_estimate_points(run)
     if te:

@@ -1,0 +1,102 @@
+"""Action plugin ``ddp_lab_await``: wait for an async task (``async: N``, ``poll: 0``) on the node and
+print a progress line every ``interval_s`` seconds while it runs.
+
+Ansible's own ``until: job.finished`` loop prints "FAILED - RETRYING ... (N retries left)", which
+says neither what runs nor how far it is. This plugin polls ``ansible.builtin.async_status`` and
+prints, e.g. ``laptop-a    installing torch, numpy, psutil into /opt/ddp-lab/venv: 2 of 3 in place
+(numpy, psutil) after 20 s``. "In place" is measured on the node: how many of ``probe_patterns``
+(shell globs, e.g. ``torch-2.13.0*.dist-info``) match an entry of the folder ``probe_path``, read
+with ``ansible.builtin.find``.
+
+Returns the finished job's result (``changed``, ``failed``, ``rc``, ``stdout``, ``msg`` ... as the
+module gave them) plus ``elapsed_s`` and ``polls``; fails with a one-line message after
+``timeout_s`` (the job keeps running on the node: its id is in the message).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+
+from ansible.errors import AnsibleError
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+
+display = Display()
+
+ARGS = {
+    "jid": {"type": "str", "required": True},
+    "what": {"type": "str", "required": True},
+    "interval_s": {"type": "float", "default": 10.0},
+    "timeout_s": {"type": "float", "default": 3600.0},
+    "probe_path": {"type": "str", "default": ""},
+    "probe_patterns": {"type": "list", "elements": "str", "default": []},
+}
+
+
+def in_place(patterns: list[str], names: list[str]) -> list[str]:
+    """The ``patterns`` (shell globs) that match at least one of ``names`` (base names), in order."""
+    return [p for p in patterns if any(fnmatch.fnmatch(n, p) for n in names)]
+
+
+def progress_line(host: str, what: str, elapsed_s: float, done: list[str] | None, total: int) -> str:
+    """``<host>  <what>: <k> of <n> in place (<names>) after <s> s`` (without the count when nothing
+    is probed)."""
+    how_far = ""
+    if done is not None and total:
+        names = ", ".join(p.split("-")[0].split("*")[0] for p in done)
+        how_far = f": {len(done)} of {total} in place" + (f" ({names})" if names else "")
+    return f"{host:<12} {what}{how_far} after {elapsed_s:.0f} s"
+
+
+class ActionModule(ActionBase):
+    """See the module docstring."""
+
+    TRANSFERS_FILES = False
+    _requires_connection = True
+
+    def _status(self, jid: str, task_vars: dict) -> dict:
+        res = self._execute_module(module_name="ansible.builtin.async_status",
+                                   module_args={"jid": jid}, task_vars=task_vars)
+        if res.get("unreachable"):
+            raise AnsibleError(res.get("msg", "unreachable"))
+        return res
+
+    def _probe(self, path: str, task_vars: dict) -> list[str] | None:
+        """Base names of the entries of the folder ``path``; None when it cannot be read."""
+        res = self._execute_module(
+            module_name="ansible.builtin.find",
+            module_args={"paths": [path], "file_type": "any", "recurse": False},
+            task_vars=task_vars)
+        if res.get("failed") or res.get("unreachable"):
+            return None
+        return [f["path"].rsplit("/", 1)[-1] for f in res.get("files", [])]
+
+    def run(self, tmp=None, task_vars=None):
+        task_vars = task_vars or {}
+        result = super().run(tmp, task_vars)
+        _, args = self.validate_argument_spec(argument_spec=ARGS)
+        host = task_vars.get("inventory_hostname", "")
+        start = time.monotonic()
+        polls = 0
+        while True:
+            polls += 1
+            job = self._status(args["jid"], task_vars)
+            if job.get("finished") or job.get("failed") and "finished" not in job:
+                break
+            elapsed = time.monotonic() - start
+            if elapsed >= args["timeout_s"]:
+                raise AnsibleError(f"{host}: {args['what']} still running after {elapsed:.0f} s "
+                                   f"(async job {args['jid']}); raise the timeout or look at the node")
+            if polls > 1:  # the first poll is at once: a job done by then prints nothing
+                done = None
+                if args["probe_path"] and args["probe_patterns"]:
+                    names = self._probe(args["probe_path"], task_vars)
+                    done = in_place(args["probe_patterns"], names) if names is not None else None
+                display.display(progress_line(host, args["what"], elapsed, done, len(args["probe_patterns"])))
+            time.sleep(args["interval_s"] if polls > 1 else min(args["interval_s"], 2.0))
+        for key in ("ansible_job_id", "started", "finished", "results_file", "erased"):
+            job.pop(key, None)
+        result.update(job)
+        result.update({"elapsed_s": round(time.monotonic() - start, 1), "polls": polls})
+        return result

@@ -1,0 +1,99 @@
+"""Progress on long steps (issue 14 item 6): the wheel copy prints a line per wheel with how far it is,
+the install into the venv runs async and ddp_lab_await prints which pinned packages are in
+place every interval, instead of nothing for ~30 s and ~50 s."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load(name: str, path: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+filters = _load("python_env_filters", "roles/python_env/filter_plugins/python_env.py")
+await_plugin = _load("ddp_lab_await", "roles/ddp_lab/action_plugins/ddp_lab_await.py")
+
+
+def test_dist_info_globs_of_pinned_requirements():
+    globs = filters.dist_info_globs(["torch==2.13.0", "numpy==2.3.4", "typing-extensions==4.15.0"])
+    assert globs == ["torch-2.13.0*.dist-info", "numpy-2.3.4*.dist-info",
+                     "typing_extensions-4.15.0*.dist-info"]
+    with pytest.raises(ValueError, match="not a pinned requirement"):
+        filters.dist_info_globs(["torch>=2"])
+
+
+def test_copy_plan_labels_say_how_far():
+    files = [{"path": "/w/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", "size": 190_000_000},
+             {"path": "/w/numpy-2.3.4-cp311-cp311-manylinux_2_28_x86_64.whl", "size": 16_000_000},
+             {"path": "/w/psutil-7.1.0-cp36-abi3-manylinux_2_17_x86_64.whl", "size": 300_000}]
+    plan = filters.copy_plan(files)
+    assert [p["name"].split("-")[0] for p in plan] == ["psutil", "numpy", "torch"]  # smallest first
+    assert plan[0]["label"].startswith("1/3 psutil-7.1.0") and "(0.3 MB; 0 of 206 MB)" in plan[0]["label"]
+    assert plan[-1]["label"].endswith("(190.0 MB; 206 of 206 MB)")
+    assert plan[-1]["path"] == files[0]["path"]
+
+
+def test_in_place_and_progress_line():
+    pats = ["torch-2.13.0*.dist-info", "numpy-2.3.4*.dist-info", "psutil-7.1.0*.dist-info"]
+    names = ["numpy-2.3.4.dist-info", "numpy", "psutil-7.1.0.dist-info", "torch"]
+    done = await_plugin.in_place(pats, names)
+    assert done == pats[1:]
+    line = await_plugin.progress_line("laptop-a", "installing torch, numpy, psutil", 20.4, done, 3)
+    assert line == "laptop-a     installing torch, numpy, psutil: 2 of 3 in place (numpy, psutil) after 20 s"
+    assert await_plugin.progress_line("n", "copying", 12, None, 0) == "n            copying after 12 s"
+
+
+class _FakeAwait(await_plugin.ActionModule):
+    """The plugin's loop with async_status and find answered from lists (no node)."""
+
+    def __init__(self, statuses, listings):
+        self.statuses, self.listings, self.calls = list(statuses), list(listings), []
+
+    def _status(self, jid, task_vars):
+        self.calls.append(("status", jid))
+        return self.statuses.pop(0)
+
+    def _probe(self, path, task_vars):
+        self.calls.append(("find", path))
+        return self.listings.pop(0)
+
+
+def test_await_prints_a_line_per_interval_and_returns_the_job_result(monkeypatch):
+    lines = []
+    monkeypatch.setattr(await_plugin.display, "display", lambda msg, **kw: lines.append(msg))
+    monkeypatch.setattr(await_plugin.time, "sleep", lambda s: None)
+    args = {"jid": "j1", "what": "installing torch, numpy", "interval_s": 10.0, "timeout_s": 600.0,
+            "probe_path": "/opt/venv/lib/python3.11/site-packages",
+            "probe_patterns": ["torch-2.13.0*.dist-info", "numpy-2.3.4*.dist-info"]}
+    plugin = _FakeAwait(
+        [{"finished": 0}, {"finished": 0}, {"finished": 0},
+         {"finished": 1, "changed": True, "rc": 0, "ansible_job_id": "j1", "results_file": "/x"}],
+        [[], ["numpy-2.3.4.dist-info"]])
+    monkeypatch.setattr(await_plugin.ActionBase, "run", lambda self, tmp=None, task_vars=None: {})
+    monkeypatch.setattr(plugin, "validate_argument_spec", lambda argument_spec: (None, args), raising=False)
+    res = plugin.run(task_vars={"inventory_hostname": "laptop-a"})
+    assert len(lines) == 2  # polls 2 and 3; the first one is at once, the fourth found it done
+    assert "0 of 2 in place" in lines[0] and "1 of 2 in place (numpy)" in lines[1]
+    assert res["changed"] is True and res["rc"] == 0 and res["polls"] == 4
+    assert "ansible_job_id" not in res and "results_file" not in res
+
+
+def test_install_runs_async_with_the_waiting_task_after_it():
+    tasks = yaml.safe_load((ROOT / "roles/python_env/tasks/main.yml").read_text())
+    names = [t["name"] for t in tasks]
+    i = next(k for k, n in enumerate(names) if n.startswith("Install torch"))
+    assert tasks[i]["poll"] == 0 and "async" in tasks[i]
+    assert "ddp_lab_await" in tasks[i + 1]
+    copy = yaml.safe_load((ROOT / "roles/python_env/tasks/copy.yml").read_text())
+    wheels = next(t for t in copy if t["name"].startswith("Copy the wheels"))
+    assert "python_env_copy_plan" in wheels["loop"] and wheels["loop_control"]["label"] == "{{ item.label }}"

@@ -1,0 +1,130 @@
+"""The watch's live report: ``ddplab.status --chunks-from`` (the metrics lines since the last poll),
+the controller's copies the ``ddp_job_watch`` action plugin keeps of them, and the background build
+of the live page, one at a time across the trainers' watches (a file lock)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from ddplab import status as st
+from ddplab.records import read_new_lines
+
+ROOT = Path(__file__).resolve().parent.parent
+T0 = 1_790_000_000.0
+
+
+def _load(name: str, path: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+watch = _load("ddp_job_watch", "roles/ddp_job/action_plugins/ddp_job_watch.py")
+
+
+def line(event, t, **kw):
+    return json.dumps({"event": event, "time": T0 + t, "rank": 0, "world_size": 1, **kw}) + "\n"
+
+
+def test_read_new_lines_returns_complete_lines_and_restarts_on_a_shorter_file(tmp_path):
+    f = tmp_path / "a.jsonl"
+    f.write_text(line("start", 0, max_steps=20) + line("step", 1, step=1, loss=3.0) + '{"event": "st')
+    text, start, end = read_new_lines(f, 0, 1 << 20)
+    assert start == 0 and text.count("\n") == 2 and not text.endswith("st")  # the torn line waits
+    with open(f, "a") as fh:
+        fh.write('ep", "time": 1}\n')
+    text2, start2, end2 = read_new_lines(f, end, 1 << 20)
+    assert start2 == end and text2 == '{"event": "step", "time": 1}\n' and end2 == f.stat().st_size
+    f.write_text(line("start", 0))  # replaced by a shorter file: from the start again
+    assert read_new_lines(f, end2, 1 << 20)[1] == 0
+
+
+def test_status_chunks_from_offsets(tmp_path, capsys):
+    m = tmp_path / "metrics"
+    m.mkdir()
+    (m / "n-local0.jsonl").write_text(line("start", 0, max_steps=20) + line("step", 1, step=1, loss=3.0))
+    argv = ["--out-dir", str(tmp_path), "--unit", "", "--host", "n", "--json"]
+    assert st.main([*argv, "--chunks-from", "{}"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    c = doc["chunks"]["n-local0.jsonl"]
+    assert c["from"] == 0 and c["to"] == (m / "n-local0.jsonl").stat().st_size and c["text"].count("\n") == 2
+    offsets = json.dumps({"n-local0.jsonl": c["to"]})
+    st.main(["--out-dir", str(tmp_path), "--unit", "", "--json", "--chunks-from", offsets])
+    assert json.loads(capsys.readouterr().out)["chunks"]["n-local0.jsonl"]["text"] == ""
+    st.main(["--out-dir", str(tmp_path), "--unit", "", "--json"])
+    assert "chunks" not in json.loads(capsys.readouterr().out)  # only when asked
+
+
+def test_status_refuses_bad_offsets(tmp_path, capsys):
+    for bad in ("[1]", '{"a.jsonl": -1}', "not json"):
+        try:
+            st.main(["--out-dir", str(tmp_path), "--json", "--chunks-from", bad])
+        except SystemExit as exc:
+            assert exc.code == 2
+        else:
+            raise AssertionError(bad)
+        assert "--chunks-from" in capsys.readouterr().err
+
+
+def _live(tmp_path, host="n0", interval=5.0):
+    run = tmp_path / "runs" / "run-1"
+    run.mkdir(parents=True, exist_ok=True)
+    return watch.LiveReport(str(run), host, sys.executable, str(ROOT / "train"), interval), run
+
+
+def test_copies_follow_the_node_file(tmp_path):
+    live, run = _live(tmp_path)
+    copy = run / ".watch" / "n0" / "metrics" / "n0-local0.jsonl"
+    first = line("start", 0, max_steps=20) + line("step", 1, step=1, loss=3.0)
+    live.store({"n0-local0.jsonl": {"from": 0, "to": len(first), "text": first}})
+    more = line("step", 2, step=2, loss=2.9)
+    live.store({"n0-local0.jsonl": {"from": len(first), "to": len(first) + len(more), "text": more}})
+    assert copy.read_text() == first + more and live.offsets == {"n0-local0.jsonl": len(first + more)}
+    # the node's file was replaced (a new launch): the copy is rewritten, not appended to
+    live.store({"n0-local0.jsonl": {"from": 0, "to": len(more), "text": more}})
+    assert copy.read_text() == more
+    # a name that is not a plain metrics file name writes nothing
+    live.store({"../../evil.jsonl": {"from": 0, "to": 1, "text": "x\n"},
+                "x.txt": {"from": 0, "to": 1, "text": "x"}})
+    assert not (run / "evil.jsonl").exists() and not (copy.parent / "x.txt").exists()
+
+
+def test_live_build_writes_a_reloading_page_once_per_interval(tmp_path):
+    live, run = _live(tmp_path)
+    text = line("start", 0, max_steps=20, host="n0") + "".join(
+        line("step", s, step=s, loss=3.0 - s / 10, host="n0", compute_s=0.1, allreduce_s=0.0, step_time_s=0.1)
+        for s in range(1, 8))
+    live.store({"n0-local0.jsonl": {"from": 0, "to": len(text), "text": text}})
+    assert live.maybe_build() is True
+    other, _ = _live(tmp_path, host="n1")  # another trainer's watch, same run folder
+    assert other.maybe_build() is False  # the lock is held: one build at a time
+    live.close()
+    assert live.child is None and live.error is None, (run / ".watch" / "report.log").read_text()
+    page = (run / "report.html").read_text()
+    assert '<meta http-equiv="refresh" content="5">' in page and "live, step 7 of 20, updated" in page
+    assert other.maybe_build() is False  # the page is fresh: not again within the interval
+    old = time.time() - 60
+    os.utime(run / "report.html", (old, old))
+    assert other.maybe_build() is True  # due, and the lock is free again
+    other.close()
+
+
+def test_a_failing_build_is_reported_not_raised(tmp_path):
+    live, run = _live(tmp_path)
+    live.python = str(tmp_path / "no-such-python")
+    try:  # the plugin's _live_report turns the OSError into a warning
+        live.maybe_build()
+        raise AssertionError("no OSError")
+    except OSError:
+        assert not live.lock.is_locked  # a build that did not start holds no lock
+    live.python = sys.executable
+    live.pythonpath = str(tmp_path / "empty")  # ddplab is not importable: the build exits 1
+    assert live.maybe_build() is True
+    live.close()
+    assert live.error and "exit 1" in live.error and "report.log" in live.error
