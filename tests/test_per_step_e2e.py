@@ -3,8 +3,10 @@ started as the ddp_job unit starts it on a laptop (``python -m ddplab.agent --nn
 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint ADDR:PORT --rdzv-conf is_host=true ...
 --start-method fork -m ddplab.train``, ``DDPLAB_GLOO_ADDR=127.0.0.1``).
 
-* two replicas train to the end: both hold the same weights (same validation losses), every
-  committed step's samples are distinct and none is skipped, result.json names the engine;
+* two replicas train to the end on a non-loopback address of this host: both hold the same
+  weights (same validation losses), every committed step's samples are distinct and none is
+  skipped, result.json names the engine, and every socket of the workers (gloo, store, Manager)
+  is on DDPLAB_GLOO_ADDR, none on the host name's address;
 * three replicas, one SIGKILLed (agent and worker): the survivors commit the next step at 2
   participants, lose no step and are not restarted; the killed replica started again (no
   checkpoint of its own) gets its state from a live peer and the group is back to 3 participants
@@ -16,11 +18,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import REPO, subprocess_env, tiny_args
 from labharness import free_port
@@ -47,8 +51,9 @@ def lighthouse(tmp_path):
 class Replica:
     """One replica group: an agent process (own session) with its out_dir and ports."""
 
-    def __init__(self, root: Path, name: str, lighthouse: str, data: Path, **overrides) -> None:
-        self.name, self.out = name, root / name
+    def __init__(self, root: Path, name: str, lighthouse: str, data: Path, addr: str = "127.0.0.1",
+                 **overrides) -> None:
+        self.name, self.out, self.addr = name, root / name, addr
         self.rdzv_port, self.manager_port = free_port(), free_port()
         self.args = tiny_args(self.out, data, fault_tolerance="per_step", ft_lighthouse=lighthouse,
                               ft_replica_id=name, ft_manager_port=self.manager_port, **overrides)
@@ -57,12 +62,12 @@ class Replica:
 
     def start(self) -> None:
         argv = [sys.executable, "-m", "ddplab.agent", "--nnodes", "1", "--nproc-per-node", "1",
-                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.rdzv_port}",
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.addr}:{self.rdzv_port}",
                 "--rdzv-id", f"test-{self.name}", "--rdzv-conf", "is_host=true",
-                "--local-addr", "127.0.0.1", "--max-restarts", "0", "--monitor-interval", "0.1",
+                "--local-addr", self.addr, "--max-restarts", "0", "--monitor-interval", "0.1",
                 "--start-method", "fork", "--log-dir", str(self.out / "logs"), "--tee", "3",
                 "-m", "ddplab.train", *self.args]
-        env = subprocess_env(DDPLAB_GLOO_ADDR="127.0.0.1", RUST_LOG="warn")
+        env = subprocess_env(DDPLAB_GLOO_ADDR=self.addr, RUST_LOG="warn")
         self.log = open(self.out.parent / f"{self.name}.log", "a")  # noqa: SIM115
         self.started = time.time()
         self.proc = subprocess.Popen(argv, env=env, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT,
@@ -142,17 +147,56 @@ def assert_samples_distinct(replicas: list[Replica]) -> int:
     return len(by_step)
 
 
+def routed_address() -> str:
+    """An IPv4 address of this host other than loopback (the host name resolves to 127.0.0.1
+    here, so a socket on it would be wrong), else 127.0.0.1."""
+    for name, addrs in sorted(psutil.net_if_addrs().items()):
+        stats = psutil.net_if_stats().get(name)
+        for a in addrs:
+            if a.family == socket.AF_INET and not a.address.startswith("127.") and stats and stats.isup:
+                return a.address
+    return "127.0.0.1"
+
+
+def worker_sockets(reps: list[Replica], lighthouse_port: int) -> set[tuple[str, str]]:
+    """(status, local ip) of the TCP sockets of the replicas' workers, sampled until they end;
+    the connections to the lighthouse (on 127.0.0.1 in this test) are left out."""
+    seen: set[tuple[str, str]] = set()
+    while any(rep.proc.poll() is None for rep in reps):
+        for rep in reps:
+            for start in (r for r in rep.records() if r["event"] == "start"):
+                try:
+                    conns = psutil.Process(start["pid"]).net_connections("tcp")
+                except psutil.Error:
+                    continue
+                seen |= {(c.status, c.laddr.ip) for c in conns
+                         if not (c.raddr and c.raddr.port == lighthouse_port)}
+        time.sleep(0.02)
+    return seen
+
+
 def val_losses(rep: Replica) -> dict[int, float]:
     return {r["step"]: r["val_loss"] for r in rep.records() if r["event"] == "val"}
 
 
-def test_two_replicas_train_to_the_end_in_step(tmp_path, data_path, lighthouse):
-    reps = [Replica(tmp_path, f"node{i}", lighthouse, data_path, max_steps=60, eval_interval=20,
-                    ckpt_interval=30) for i in range(2)]
+@pytest.mark.parametrize(("policy", "batch"), [
+    ("keep_per_rank", {}),  # global batch = participants x 4: 8 at 2 participants (Goyal LR x8/12)
+    ("keep_global", {"global_batch_size": 9}),  # 9 at any count: 5 + 4 samples at 2 participants
+])
+def test_two_replicas_train_to_the_end_in_step(tmp_path, data_path, lighthouse, policy, batch):
+    addr = routed_address()
+    reps = [Replica(tmp_path, f"node{i}", lighthouse, data_path, addr=addr, max_steps=60,
+                    eval_interval=20, ckpt_interval=30, batch_policy=policy, **batch)
+            for i in range(2)]
     for rep in reps:
         rep.start()
+    sockets = worker_sockets(reps, int(lighthouse.rpartition(":")[2]))
     codes = [rep.wait(90) for rep in reps]
     assert codes == [0, 0], "\n".join(rep.output() for rep in reps)
+    # gloo's listener, the store and Manager connections: all on DDPLAB_GLOO_ADDR (the Manager's
+    # gRPC server listens on every address, "::")
+    assert ("LISTEN", addr) in sockets and ("ESTABLISHED", addr) in sockets, sockets
+    assert {ip for _, ip in sockets} <= {addr, "::", f"::ffff:{addr}"}, sockets
     results = [json.loads((rep.out / "result.json").read_text()) for rep in reps]
     assert [r["steps"] for r in results] == [60, 60]
     assert {r["engine"] for r in results} == {"per_step"}
@@ -166,12 +210,16 @@ def test_two_replicas_train_to_the_end_in_step(tmp_path, data_path, lighthouse):
         assert steps == sorted(set(steps)) and steps[-1] == 60
         start = [r for r in rep.records() if r["event"] == "start"]
         assert len(start) == 1 and start[0]["engine"] == "per_step"
-        assert start[0]["ft_addr"] == "127.0.0.1" and start[0]["ft_store_port"] == rep.rdzv_port
-        assert sorted(p.name for p in (rep.out / "checkpoints").glob("*.pt")) == [
-            "ckpt-00000030.pt", "ckpt-00000060.pt"]
-    # Goyal: the LR scale follows the participants (global batch = participants x 4, reference 12)
-    both = [r for r in reps[0].committed() if r["participants"] == 2]
-    assert both and all(r["global_batch_size"] == 8 for r in both)
+        assert start[0]["ft_addr"] == addr and start[0]["ft_store_port"] == rep.rdzv_port
+        # periodic checkpoints stay (a replica that joined after step 30 has only the last)
+        assert {"ckpt-00000060.pt"} <= {p.name for p in (rep.out / "checkpoints").glob("*.pt")} <= {
+            "ckpt-00000030.pt", "ckpt-00000060.pt"}
+    # Goyal: the LR scale is the global batch over the reference batch (12)
+    both = [r for rep in reps for r in rep.committed() if r["participants"] == 2]
+    want = batch.get("global_batch_size", 8)
+    scale = round(want / 12, 9)  # as recorded
+    assert both and all(r["global_batch_size"] == want and r["lr_scale"] <= scale for r in both)
+    assert {r["lr_scale"] for r in both if r["step"] > 40} == {scale}  # after the ramp
 
 
 def test_kill_one_of_three_then_rejoin_from_a_peer(tmp_path, data_path, lighthouse):
