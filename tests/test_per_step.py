@@ -117,3 +117,15 @@ def test_per_step_without_gloo_addr_is_a_one_line_error_before_anything(tmp_path
     code = main(tiny(tmp_path / "out", data_path, fault_tolerance="per_step",
                      ft_lighthouse="http://127.0.0.1:9"))
     assert code == 2 and not (tmp_path / "out" / "metrics").exists()
+
+
+def test_check_validates_per_step_without_the_units_environment(tmp_path, data_path, tiny, clean_env,
+                                                                 capsys):
+    """``--check`` (run by the ddp_job role outside the unit) does not need DDPLAB_GLOO_ADDR."""
+    from ddplab.train import main
+
+    clean_env.delenv("DDPLAB_GLOO_ADDR", raising=False)
+    args = tiny(tmp_path / "out", data_path, fault_tolerance="per_step",
+                ft_lighthouse="http://127.0.0.1:9")
+    assert main([*args, "--check"]) == 0
+    assert '"fault_tolerance": "per_step"' in capsys.readouterr().out

@@ -199,7 +199,8 @@ class Trainer:
                                  f"WORLD_SIZE={self.env.world_size}: launch torchrun with "
                                  "--nnodes 1 --nproc-per-node 1 on each node")
             from ddplab import ft  # torchft is only needed (and imported) under per_step
-            ft.endpoint()  # raises FaultToleranceError (a ValueError): DDPLAB_GLOO_ADDR unset
+            if not check_only:  # --check runs outside the unit, without its environment
+                ft.endpoint()  # raises FaultToleranceError (a ValueError): DDPLAB_GLOO_ADDR unset
         self.data: CharDataset | None = None
         if not check_only or dataset_present(cfg.data_path, cfg.data_url):
             self.data = load_dataset(cfg.data_path, cfg.data_url, cfg.data_sha256)
