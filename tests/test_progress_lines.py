@@ -88,6 +88,18 @@ def test_await_prints_a_line_per_interval_and_returns_the_job_result(monkeypatch
     assert "ansible_job_id" not in res and "results_file" not in res
 
 
+def test_status_reads_the_job_where_async_put_it():
+    """async_status's module needs the job folder the async_status action would give it."""
+    plugin = await_plugin.ActionModule.__new__(await_plugin.ActionModule)
+    calls = []
+    plugin.get_shell_option = lambda name, default=None: default
+    plugin._remote_expand_user = lambda path: path.replace("~", "/root")
+    plugin._execute_module = lambda module_name, module_args, task_vars: calls.append(
+        (module_name, module_args)) or {"finished": 0}
+    assert plugin._status("j9", {}) == {"finished": 0}
+    assert calls == [("ansible.legacy.async_status", {"jid": "j9", "_async_dir": "/root/.ansible_async"})]
+
+
 def test_install_runs_async_with_the_waiting_task_after_it():
     tasks = yaml.safe_load((ROOT / "roles/python_env/tasks/main.yml").read_text())
     names = [t["name"] for t in tasks]

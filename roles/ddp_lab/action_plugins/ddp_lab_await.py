@@ -56,8 +56,10 @@ class ActionModule(ActionBase):
     _requires_connection = True
 
     def _status(self, jid: str, task_vars: dict) -> dict:
-        res = self._execute_module(module_name="ansible.builtin.async_status",
-                                   module_args={"jid": jid}, task_vars=task_vars)
+        # the job's folder on the node, as the async_status action gives it to its module
+        async_dir = self._remote_expand_user(self.get_shell_option("async_dir", default="~/.ansible_async"))
+        res = self._execute_module(module_name="ansible.legacy.async_status",
+                                   module_args={"jid": jid, "_async_dir": async_dir}, task_vars=task_vars)
         if res.get("unreachable"):
             raise AnsibleError(res.get("msg", "unreachable"))
         return res
