@@ -10,7 +10,11 @@ started as the ddp_job unit starts it on a laptop (``python -m ddplab.agent --nn
 * three replicas, one SIGKILLed (agent and worker): the survivors commit the next step at 2
   participants, lose no step and are not restarted; the killed replica started again (no
   checkpoint of its own) gets its state from a live peer and the group is back to 3 participants
-  with the same weights. The recovery times are printed with the load average (docs/training.md).
+  with the same weights;
+* three replicas, one worker frozen (SIGSTOP) then thawed, then SIGKILLed alone: the survivors go
+  on at 2 participants each time, the thawed worker and the one torchrun restarted
+  (``--max-restarts 1``, same Manager port) rejoin with their peers' weights.
+The recovery times are printed with the load average (docs/training.md).
 """
 
 from __future__ import annotations
@@ -35,11 +39,13 @@ LIGHTHOUSE = Path(sys.executable).parent / "torchft_lighthouse"
 
 
 @pytest.fixture
-def lighthouse(tmp_path):
-    """A lighthouse on a free port with the contract's settings; yields its http address."""
+def lighthouse(tmp_path, request):
+    """A lighthouse on a free port with the contract's settings (``--min_replicas`` 1, or the
+    test's indirect parameter); yields its http address."""
     port = free_port()
     log = open(tmp_path / "lighthouse.log", "w")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen([str(LIGHTHOUSE), "--bind", f"127.0.0.1:{port}", "--min_replicas", "1",
+    proc = subprocess.Popen([str(LIGHTHOUSE), "--bind", f"127.0.0.1:{port}",
+                             "--min_replicas", str(getattr(request, "param", 1)),
                              "--quorum_tick_ms", "100", "--join_timeout_ms", "1000"],
                             stdout=log, stderr=subprocess.STDOUT)
     yield f"http://127.0.0.1:{port}"
@@ -52,8 +58,8 @@ class Replica:
     """One replica group: an agent process (own session) with its out_dir and ports."""
 
     def __init__(self, root: Path, name: str, lighthouse: str, data: Path, addr: str = "127.0.0.1",
-                 **overrides) -> None:
-        self.name, self.out, self.addr = name, root / name, addr
+                 max_restarts: int = 0, **overrides) -> None:
+        self.name, self.out, self.addr, self.max_restarts = name, root / name, addr, max_restarts
         self.rdzv_port, self.manager_port = free_port(), free_port()
         self.args = tiny_args(self.out, data, fault_tolerance="per_step", ft_lighthouse=lighthouse,
                               ft_replica_id=name, ft_manager_port=self.manager_port, **overrides)
@@ -64,7 +70,8 @@ class Replica:
         argv = [sys.executable, "-m", "ddplab.agent", "--nnodes", "1", "--nproc-per-node", "1",
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.addr}:{self.rdzv_port}",
                 "--rdzv-id", f"test-{self.name}", "--rdzv-conf", "is_host=true",
-                "--local-addr", self.addr, "--max-restarts", "0", "--monitor-interval", "0.1",
+                "--local-addr", self.addr, "--max-restarts", str(self.max_restarts),
+                "--monitor-interval", "0.1",
                 "--start-method", "fork", "--log-dir", str(self.out / "logs"), "--tee", "3",
                 "-m", "ddplab.train", *self.args]
         env = subprocess_env(DDPLAB_GLOO_ADDR=self.addr, RUST_LOG="warn")
@@ -179,6 +186,9 @@ def val_losses(rep: Replica) -> dict[int, float]:
     return {r["step"]: r["val_loss"] for r in rep.records() if r["event"] == "val"}
 
 
+# both from the first step: alone, the first replica could finish the 60 tiny steps before the
+# second has imported torch (it would then train alone too, with no live peer to join)
+@pytest.mark.parametrize("lighthouse", [2], indirect=True, ids=["min_replicas_2"])
 @pytest.mark.parametrize(("policy", "batch"), [
     ("keep_per_rank", {}),  # global batch = participants x 4: 8 at 2 participants (Goyal LR x8/12)
     ("keep_global", {"global_batch_size": 9}),  # 9 at any count: 5 + 4 samples at 2 participants
@@ -279,5 +289,61 @@ def test_kill_one_of_three_then_rejoin_from_a_peer(tmp_path, data_path, lighthou
     assert "received from a live peer" in victim.output(tail=0)
     # same weights as the peers: identical validation losses at every evaluation after the rejoin
     after = {s: v for s, v in val_losses(victim).items() if s >= rejoined[0]["step"]}
+    assert after and all(val_losses(survivors[0]).get(s) == v for s, v in after.items()), after
+    assert assert_samples_distinct(reps) >= 40
+
+
+def worker_pid(rep: Replica) -> int:
+    return [r for r in rep.records() if r["event"] == "start"][-1]["pid"]
+
+
+def test_freeze_thaw_and_a_local_worker_restart(tmp_path, data_path, lighthouse):
+    reps = [Replica(tmp_path, f"node{i}", lighthouse, data_path, max_restarts=1, max_steps=100000,
+                    eval_interval=50, ckpt_interval=100000, ft_timeout_s=2) for i in range(3)]
+    for rep in reps:
+        rep.start()
+    survivors, victim = reps[:2], reps[2]
+    load = lambda: " ".join(Path("/proc/loadavg").read_text().split()[:3])  # noqa: E731
+    t_three = wait_until("3 participants", lambda: first_at(reps, 3, 0.0), reps, 60)
+    wait_until("10 steps at 3", lambda: len(victim.committed(t_three)) >= 10, reps, 30)
+
+    frozen = time.time()
+    os.kill(worker_pid(victim), signal.SIGSTOP)
+    at_two = wait_until("a commit at 2 participants", lambda: first_at(survivors, 2, frozen),
+                        survivors, 30)
+    figures = [f"freeze -> commit at 2 participants {at_two - frozen:.2f} s (load {load()})"]
+    time.sleep(2)
+    thawed = time.time()
+    os.kill(worker_pid(victim), signal.SIGCONT)
+    back = wait_until("back to 3 after the thaw", lambda: first_at(reps, 3, thawed), reps, 30)
+    figures.append(f"thaw -> 3 participants {back - thawed:.2f} s")
+
+    killed, first_pid = time.time(), worker_pid(victim)
+    os.kill(first_pid, signal.SIGKILL)  # the worker only: its agent restarts it
+    at_two = wait_until("a commit at 2 after the worker kill",
+                        lambda: first_at(survivors, 2, killed), survivors, 30)
+    back = wait_until("back to 3 after the local restart", lambda: first_at(reps, 3, at_two), reps, 60)
+    restarted = [r for r in victim.records() if r["event"] == "start"][-1]
+    figures.append(f"worker SIGKILL -> commit at 2 {at_two - killed:.2f} s, restarted worker -> 3 "
+                   f"participants {back - restarted['time']:.2f} s after its start record "
+                   f"(load {load()})")
+    wait_until("an evaluation after the restart",
+               lambda: any(s > r["step"] for r in victim.committed(restarted["time"])[:1]
+                           for s in val_losses(victim)), reps, 60)
+    for rep in reps:
+        rep.signal(signal.SIGTERM)
+    for rep in reps:
+        rep.wait(30)
+    print("\nper_step, 3 tiny replicas, ft_timeout_s 2: " + "; ".join(figures))
+
+    assert restarted["restart_count"] == 1 and restarted["pid"] != first_pid
+    for rep in survivors:
+        starts = [r for r in rep.records() if r["event"] == "start"]
+        assert len(starts) == 1, rep.name
+        assert len([r for r in rep.committed(frozen) if r["participants"] == 2]) >= 2
+    steps = sorted({r["step"] for rep in reps for r in rep.committed()})
+    assert steps == list(range(1, steps[-1] + 1)), "a step lost"
+    rejoined = victim.committed(restarted["time"])[0]["step"]
+    after = {s: v for s, v in val_losses(victim).items() if s > rejoined}
     assert after and all(val_losses(survivors[0]).get(s) == v for s, v in after.items()), after
     assert assert_samples_distinct(reps) >= 40
