@@ -13,7 +13,8 @@ started as the ddp_job unit starts it on a laptop (``python -m ddplab.agent --nn
   with the same weights;
 * three replicas, one worker frozen (SIGSTOP) then thawed, then SIGKILLed alone: the survivors go
   on at 2 participants each time, the thawed worker and the one torchrun restarted
-  (``--max-restarts 1``, same Manager port) rejoin with their peers' weights.
+  (``--max-restarts 1``, same Manager port) rejoin with their peers' weights;
+* a restart of the whole cluster: each replica resumes from its own checkpoint.
 The recovery times are printed with the load average (docs/training.md).
 """
 
@@ -347,3 +348,21 @@ def test_freeze_thaw_and_a_local_worker_restart(tmp_path, data_path, lighthouse)
     after = {s: v for s, v in val_losses(victim).items() if s > rejoined}
     assert after and all(val_losses(survivors[0]).get(s) == v for s, v in after.items()), after
     assert assert_samples_distinct(reps) >= 40
+
+
+@pytest.mark.parametrize("lighthouse", [2], indirect=True, ids=["min_replicas_2"])
+def test_whole_cluster_restart_resumes_from_the_nodes_checkpoints(tmp_path, data_path, lighthouse):
+    for max_steps in (30, 50):  # the same replicas (folders, names) stopped at 30, started again
+        reps = [Replica(tmp_path, f"node{i}", lighthouse, data_path, max_steps=max_steps,
+                        eval_interval=10, ckpt_interval=10) for i in range(2)]
+        for rep in reps:
+            rep.start()
+        assert [rep.wait(90) for rep in reps] == [0, 0], "\n".join(rep.output() for rep in reps)
+    for rep in reps:
+        starts = [r for r in rep.records() if r["event"] == "start"]
+        assert [s["resumed_from_step"] for s in starts] == [None, 30], rep.name
+        steps = [r["step"] for r in rep.committed()]
+        assert steps == list(range(1, 51)), rep.name  # every step once, across the restart
+        assert json.loads((rep.out / "result.json").read_text())["steps"] == 50
+    assert val_losses(reps[0]) == val_losses(reps[1]) and len(val_losses(reps[0])) == 5
+    assert assert_samples_distinct(reps) == 50
