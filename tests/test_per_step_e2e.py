@@ -350,11 +350,11 @@ def test_freeze_thaw_and_a_local_worker_restart(tmp_path, data_path, lighthouse)
     assert assert_samples_distinct(reps) >= 40
 
 
-@pytest.mark.parametrize("lighthouse", [2], indirect=True, ids=["min_replicas_2"])
 def test_whole_cluster_restart_resumes_from_the_nodes_checkpoints(tmp_path, data_path, lighthouse):
+    # ft_min_replicas 2: the first replica up joins quorums but commits nothing until the second
     for max_steps in (30, 50):  # the same replicas (folders, names) stopped at 30, started again
         reps = [Replica(tmp_path, f"node{i}", lighthouse, data_path, max_steps=max_steps,
-                        eval_interval=10, ckpt_interval=10) for i in range(2)]
+                        eval_interval=10, ckpt_interval=10, ft_min_replicas=2) for i in range(2)]
         for rep in reps:
             rep.start()
         assert [rep.wait(90) for rep in reps] == [0, 0], "\n".join(rep.output() for rep in reps)
@@ -363,6 +363,7 @@ def test_whole_cluster_restart_resumes_from_the_nodes_checkpoints(tmp_path, data
         assert [s["resumed_from_step"] for s in starts] == [None, 30], rep.name
         steps = [r["step"] for r in rep.committed()]
         assert steps == list(range(1, 51)), rep.name  # every step once, across the restart
+        assert {r["participants"] for r in rep.committed()} == {2}
         assert json.loads((rep.out / "result.json").read_text())["steps"] == 50
     assert val_losses(reps[0]) == val_losses(reps[1]) and len(val_losses(reps[0])) == 5
     assert assert_samples_distinct(reps) == 50

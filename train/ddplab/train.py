@@ -79,6 +79,8 @@ from ddplab.records import read_jsonl
 
 CHECKPOINT_FORMAT = 1
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+#: per_step: pause between two quorums while fewer than ft_min_replicas replicas participate.
+MIN_REPLICAS_POLL_S = 0.5
 #: Errors that mean bad input or an unwritable output: one line, exit 2.
 INPUT_ERRORS = (DataError, CheckpointError, BatchPolicyError, OutputError, ValueError)
 
@@ -180,6 +182,7 @@ class Trainer:
         self.replica: Any = None  # per_step: ddplab.ft.Replica (None under torchelastic)
         self.participants = env.world_size  # per_step: participants of the last committed step
         self.per_step = cfg.fault_tolerance == "per_step"
+        self.waiting_for_replicas = False  # per_step: fewer participants than ft_min_replicas
 
     # --- setup: everything that can reject bad input runs before anything is written ---------
     def validate_inputs(self, check_only: bool = False) -> None:
@@ -551,6 +554,16 @@ class Trainer:
         if replica.step != self.step:
             raise RuntimeError(f"torchft is at step {replica.step}, the training state at step "
                                f"{self.step}: the state transfer did not apply")
+        if participants < cfg.ft_min_replicas:
+            # every participant sees the same count: none computes and the vote fails for all
+            replica.commit()
+            if not self.waiting_for_replicas:
+                print(f"[ddplab] step {self.step + 1}: {participants} participant(s), waiting for "
+                      f"ft_min_replicas {cfg.ft_min_replicas}", flush=True)
+            self.waiting_for_replicas = True
+            time.sleep(MIN_REPLICAS_POLL_S)
+            return False
+        self.waiting_for_replicas = False
         global_batch = participants_global_batch(
             cfg.batch_policy, participants, cfg.per_rank_batch_size,
             # keep_global without a size: the global batch of the run's first committed step
