@@ -347,3 +347,33 @@ def write_inventory(
         }
     path.write_text(yaml.safe_dump({"all": {"children": children}}, sort_keys=False))
     return str(path)
+
+
+def render_agent_launch(tmp_path: Path, *extra: str) -> tuple[list[str], list[str], dict]:
+    """ddp_job's launch of trainer ``t-a`` (of two, t-a and t-b, rendezvous host 192.168.50.10;
+    t-a at 192.168.50.11 on enp3s0, run r1, 4 cores) as Ansible renders it from the role's own
+    defaults and vars, ``extra`` given to ansible-playbook (e.g. ``-e ddp_job_fault_tolerance=per_step``):
+    (systemd-run + agent argv, the options each laptop has its own value of, run.json)."""
+    local = {"ansible_connection": "local"}
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"children": {
+        "trainers": {"hosts": {"t-a": local, "t-b": local}},
+        "rendezvous": {"hosts": {"controller": {**local, "rendezvous_address": "192.168.50.10"}}}}}}))
+    what = ("ARGV={{ (__ddp_job_systemd_run + ddp_job_agent_argv) | to_json }} "
+            "NODEOPTS={{ ddp_job_agent_node_options | to_json }} CONFIG={{ __ddp_job_config | to_json }} END")
+    play = tmp_path / "render.yml"
+    play.write_text(yaml.safe_dump([{
+        "name": "Render the agent command line", "hosts": "t-a", "gather_facts": False,
+        "vars_files": [str(REPO / f"roles/{f}/main.yml") for f in ("ddp_lab/defaults", "ddp_job/defaults",
+                                                                   "ddp_job/vars")],
+        "vars": {"ddp_lab_run_id": "r1", "wired_network_ifname": "enp3s0",
+                 "wired_network_address": "192.168.50.11", "__ddp_job_launch_token": "tok",
+                 "__ddp_job_node": {"cores": 4}},
+        "tasks": [{"name": "Print it", "ansible.builtin.debug": {"msg": what}}],
+    }]))
+    rc, out = run_playbooks(ansible_env(), str(inventory), [str(play)], *extra, timeout=120)
+    assert rc == 0, out[-3000:]
+    m = re.search(r'"msg": "ARGV=(\[.*?\]) NODEOPTS=(\[.*?\]) CONFIG=(\{.*?\}) END"', out)
+    assert m, out[-3000:]
+    argv, node_options, config = (json.loads(g.replace('\\"', '"')) for g in m.groups())
+    return argv, node_options, config

@@ -45,6 +45,7 @@ from labharness import (
     node_exec,
     nodes_untouched,
     recap,
+    render_agent_launch,
     run_playbooks,
     run_playbooks_watching,
     sigterm_as_interrupt,
@@ -128,16 +129,11 @@ def test_unit_launch_reads_the_real_systemctl_show_output():
     assert val.unit_launch("Environment=\nLoadState=not-found\n")["loaded"] is False
 
 
-def test_df_route_and_path_helpers():
-    out = "Filesystem 1-blocks Used Available Capacity Mounted on\noverlay 1000 10 1073741824 1% /\n"
-    assert val.df_avail(out) == {"avail_mb": 1024.0, "mount": "/"}
-    with pytest.raises(ValueError):
-        val.df_avail("df: /x: No such file or directory\n")
+def test_route_and_loopback_helpers():
     assert val.route_info("10.89.0.1 dev eth0 src 10.89.0.5 uid 0 \\    cache") == {
         "dev": "eth0",
         "src": "10.89.0.5",
     }
-    assert val.path_chain("/var/lib/ddp-lab") == ["/var/lib/ddp-lab", "/var/lib", "/var", "/"]
     assert val.loopbacks(["127.0.1.1", "10.0.0.2", "::1", "x"]) == ["127.0.1.1", "::1"]
 
 
@@ -204,61 +200,7 @@ def test_launch_passes_explicit_addresses(tmp_path: Path):
     IP rendezvous endpoint, runs as the unprivileged user and with a umask that keeps the run's
     files private."""
     _not_twice()
-    inventory = tmp_path / "hosts.yml"
-    inventory.write_text(
-        yaml.safe_dump(
-            {
-                "all": {
-                    "children": {
-                        "trainers": {"hosts": {"t-a": {"ansible_connection": "local"}}},
-                        "rendezvous": {
-                            "hosts": {
-                                "controller": {
-                                    "ansible_connection": "local",
-                                    "rendezvous_address": "192.168.50.10",
-                                }
-                            }
-                        },
-                    }
-                }
-            }
-        )
-    )
-    play = tmp_path / "render.yml"
-    play.write_text(
-        yaml.safe_dump(
-            [
-                {
-                    "name": "Render the agent command line",
-                    "hosts": "t-a",
-                    "gather_facts": False,
-                    "vars_files": [
-                        str(REPO / "roles/ddp_lab/defaults/main.yml"),
-                        str(REPO / "roles/ddp_job/defaults/main.yml"),
-                        str(REPO / "roles/ddp_job/vars/main.yml"),
-                    ],
-                    "vars": {
-                        "ddp_lab_run_id": "r1",
-                        "wired_network_ifname": "enp3s0",
-                        "wired_network_address": "192.168.50.11",
-                        "__ddp_job_launch_token": "tok",
-                        "__ddp_job_node": {"cores": 4},
-                    },
-                    "tasks": [
-                        {
-                            "name": "Print it",
-                            "ansible.builtin.debug": {
-                                "msg": "ARGV={{ (__ddp_job_systemd_run + __ddp_job_torchrun) | to_json }}"
-                            },
-                        }
-                    ],
-                }
-            ]
-        )
-    )
-    rc, out = run_playbooks(ansible_env(), str(inventory), [str(play)], timeout=120)
-    assert rc == 0, out[-3000:]
-    argv = json.loads(re.search(r'ARGV=(\[.*?\])"', out).group(1).replace('\\"', '"'))
+    argv, _, _ = render_agent_launch(tmp_path)
     assert argv[argv.index("--local-addr") + 1] == "192.168.50.11"
     assert argv[argv.index("--rdzv-endpoint") + 1] == "192.168.50.10:29400"
     assert (

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import re
 from pathlib import Path
 
 import pytest
 import yaml
-from labharness import REPO, ansible_env, run_playbooks
+from labharness import REPO, render_agent_launch
 
 
 def _load(name: str, path: str):
@@ -24,170 +23,55 @@ def _load(name: str, path: str):
 
 fault_filters = _load("fault_filters", "roles/fault/filter_plugins/fault.py")
 
-WHAT = (
-    "ARGV={{ (__ddp_job_systemd_run + ddp_job_agent_argv) | to_json }} "
-    "NODEOPTS={{ ddp_job_agent_node_options | to_json }} CONFIG={{ __ddp_job_config | to_json }} END"
-)
+AGENT = ["/opt/ddp-lab/venv/bin/python", "-m", "ddplab.agent"]
+# what both engines pass the same way: the node's own address, restarts, fork, logs, the program
+TAIL = [
+    "--local-addr",
+    "192.168.50.11",
+    "--max-restarts",
+    "10",
+    "--monitor-interval",
+    "1",
+    "--start-method",
+    "fork",
+    "--log-dir",
+    "/var/lib/ddp-lab/runs/r1/logs",
+    "--tee",
+    "3",
+    "-m",
+    "ddplab.train",
+    "--config",
+    "/var/lib/ddp-lab/runs/r1/run.json",
+]
+ADDRESS_ENV = ["GLOO_SOCKET_IFNAME=enp3s0", "DDPLAB_GLOO_ADDR=192.168.50.11"]
+RUN_ENV = ["OMP_NUM_THREADS=4", "PYTHONUNBUFFERED=1", "LOGLEVEL=INFO"]
 
 
-def render(tmp_path: Path, *extra: str) -> tuple[list[str], list[str], dict]:
-    """(systemd-run + agent argv, per-node options, run.json) of trainer t-a, engine from ``extra``."""
-    inventory = tmp_path / "hosts.yml"
-    inventory.write_text(
-        yaml.safe_dump(
-            {
-                "all": {
-                    "children": {
-                        "trainers": {
-                            "hosts": {
-                                "t-a": {"ansible_connection": "local"},
-                                "t-b": {"ansible_connection": "local"},
-                            }
-                        },
-                        "rendezvous": {
-                            "hosts": {
-                                "controller": {
-                                    "ansible_connection": "local",
-                                    "rendezvous_address": "192.168.50.10",
-                                }
-                            }
-                        },
-                    }
-                }
-            }
-        )
-    )
-    play = tmp_path / "render.yml"
-    play.write_text(
-        yaml.safe_dump(
-            [
-                {
-                    "name": "Render the agent command line",
-                    "hosts": "t-a",
-                    "gather_facts": False,
-                    "vars_files": [
-                        str(REPO / "roles/ddp_lab/defaults/main.yml"),
-                        str(REPO / "roles/ddp_job/defaults/main.yml"),
-                        str(REPO / "roles/ddp_job/vars/main.yml"),
-                    ],
-                    "vars": {
-                        "ddp_lab_run_id": "r1",
-                        "wired_network_ifname": "enp3s0",
-                        "wired_network_address": "192.168.50.11",
-                        "__ddp_job_launch_token": "tok",
-                        "__ddp_job_node": {"cores": 4},
-                    },
-                    "tasks": [{"name": "Print it", "ansible.builtin.debug": {"msg": WHAT}}],
-                }
-            ]
-        )
-    )
-    rc, out = run_playbooks(ansible_env(), str(inventory), [str(play)], *extra, timeout=120)
-    assert rc == 0, out[-3000:]
-    m = re.search(r'"msg": "ARGV=(\[.*?\]) NODEOPTS=(\[.*?\]) CONFIG=(\{.*?\}) END"', out)
-    assert m, out[-3000:]
-    return tuple(json.loads(g.replace('\\"', '"')) for g in m.groups())
+def setenv(argv: list[str]) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == "--setenv"]
 
 
 def test_torchelastic_launch_is_unchanged(tmp_path: Path):
-    argv, node_opts, config = render(tmp_path)
-    agent = argv[argv.index("ddplab.agent") - 2 :]
-    assert agent == [
-        "/opt/ddp-lab/venv/bin/python",
-        "-m",
-        "ddplab.agent",
-        "--nnodes",
-        "1:2",
-        "--nproc-per-node",
-        "1",
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        "192.168.50.10:29400",
-        "--rdzv-id",
-        "r1",
-        "--rdzv-conf",
-        "is_host=false,join_timeout=120,last_call_timeout=3,close_timeout=10,"
-        "keep_alive_interval=1,keep_alive_max_attempt=3",
-        "--local-addr",
-        "192.168.50.11",
-        "--max-restarts",
-        "10",
-        "--monitor-interval",
-        "1",
-        "--start-method",
-        "fork",
-        "--log-dir",
-        "/var/lib/ddp-lab/runs/r1/logs",
-        "--tee",
-        "3",
-        "-m",
-        "ddplab.train",
-        "--config",
-        "/var/lib/ddp-lab/runs/r1/run.json",
-    ]
-    env = [argv[i + 1] for i, a in enumerate(argv) if a == "--setenv"]
-    assert env == [
-        "GLOO_SOCKET_IFNAME=enp3s0",
-        "DDPLAB_GLOO_ADDR=192.168.50.11",
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
-        "OMP_NUM_THREADS=4",
-        "PYTHONUNBUFFERED=1",
-        "LOGLEVEL=INFO",
-        "DDPLAB_AGENT_BARRIER=tok",
-        "DDPLAB_AGENT_BARRIER_NODES=1",
-        "DDPLAB_AGENT_BARRIER_TIMEOUT=120",
-    ]
+    argv, node_opts, config = render_agent_launch(tmp_path)
+    conf = "is_host=false,join_timeout=120,last_call_timeout=3,close_timeout=10,keep_alive_interval=1,"
+    conf += "keep_alive_max_attempt=3"
+    elastic = (
+        "--nnodes 1:2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 192.168.50.10:29400 --rdzv-id r1"
+    )
+    assert argv[argv.index("ddplab.agent") - 2 :] == AGENT + elastic.split() + ["--rdzv-conf", conf] + TAIL
+    barrier = ["DDPLAB_AGENT_BARRIER=tok", "DDPLAB_AGENT_BARRIER_NODES=1", "DDPLAB_AGENT_BARRIER_TIMEOUT=120"]
+    assert setenv(argv) == ADDRESS_ENV + ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"] + RUN_ENV + barrier
     assert node_opts == ["--local-addr"]
     assert not [k for k in config if k == "fault_tolerance" or k.startswith("ft_")], config
 
 
 def test_per_step_launch_is_one_replica_group_per_laptop(tmp_path: Path):
-    argv, node_opts, config = render(tmp_path, "-e", "ddp_job_fault_tolerance=per_step")
-    agent = argv[argv.index("ddplab.agent") - 2 :]
-    assert agent == [
-        "/opt/ddp-lab/venv/bin/python",
-        "-m",
-        "ddplab.agent",
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        "1",
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        "192.168.50.11:29521",
-        "--rdzv-id",
-        "r1-t-a",
-        "--rdzv-conf",
-        "is_host=true",
-        "--local-addr",
-        "192.168.50.11",
-        "--max-restarts",
-        "10",
-        "--monitor-interval",
-        "1",
-        "--start-method",
-        "fork",
-        "--log-dir",
-        "/var/lib/ddp-lab/runs/r1/logs",
-        "--tee",
-        "3",
-        "-m",
-        "ddplab.train",
-        "--config",
-        "/var/lib/ddp-lab/runs/r1/run.json",
-    ]
-    env = [argv[i + 1] for i, a in enumerate(argv) if a == "--setenv"]
-    assert env == [
-        "GLOO_SOCKET_IFNAME=enp3s0",
-        "DDPLAB_GLOO_ADDR=192.168.50.11",
-        "OMP_NUM_THREADS=4",
-        "PYTHONUNBUFFERED=1",
-        "LOGLEVEL=INFO",
-        "TORCHFT_LIGHTHOUSE=http://192.168.50.10:29510",
-        "RUST_LOG=warn",
-    ]
+    argv, node_opts, config = render_agent_launch(tmp_path, "-e", "ddp_job_fault_tolerance=per_step")
+    replica = "--nnodes 1 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 192.168.50.11:29521 "
+    replica += "--rdzv-id r1-t-a --rdzv-conf is_host=true"
+    assert argv[argv.index("ddplab.agent") - 2 :] == AGENT + replica.split() + TAIL
+    ft = ["TORCHFT_LIGHTHOUSE=http://192.168.50.10:29510", "RUST_LOG=warn"]
+    assert setenv(argv) == ADDRESS_ENV + RUN_ENV + ft
     assert node_opts == ["--local-addr", "--rdzv-endpoint", "--rdzv-id"]
     assert {k: v for k, v in config.items() if k == "fault_tolerance" or k.startswith("ft_")} == {
         "fault_tolerance": "per_step",
@@ -201,7 +85,7 @@ def test_per_step_launch_is_one_replica_group_per_laptop(tmp_path: Path):
 
 
 def test_per_step_settings_reach_the_launch(tmp_path: Path):
-    argv, _, config = render(
+    argv, _, config = render_agent_launch(
         tmp_path,
         "-e",
         "ddp_job_fault_tolerance=per_step",

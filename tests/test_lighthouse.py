@@ -120,15 +120,19 @@ def test_lighthouse_and_store_side_by_side(tmp_path):
         rdzv_store.stop(sport, sd)
 
 
-def test_port_held_by_another_program(tmp_path):
+@pytest.mark.parametrize(("service", "name", "setting"), [(lh, "lighthouse", "rendezvous_lighthouse_port"),
+                                                          (rdzv_store, "store", "rendezvous_port")])
+def test_port_held_by_another_program(tmp_path, service, name, setting):
+    """Either service on a port another program holds: exit code 2 naming the setting, no pidfile."""
     with socket.socket() as s:
         s.bind(("0.0.0.0", 0))
         s.listen()
         port = s.getsockname()[1]
         with pytest.raises(supervisor.ServiceError) as err:
-            lh.start("127.0.0.1", port, tmp_path, wait_s=5)
-    assert err.value.code == 2 and "choose another rendezvous_lighthouse_port" in str(err.value)
-    assert not (tmp_path / f"lighthouse-{port}.json").exists()
+            service.start("127.0.0.1", port, tmp_path, wait_s=5)
+    assert err.value.code == 2
+    assert f"held by another program: free it or choose another {setting}" in str(err.value)
+    assert not (tmp_path / f"{name}-{port}.json").exists()
 
 
 def test_bad_input(tmp_path, capsys, monkeypatch):
