@@ -377,3 +377,14 @@ def render_agent_launch(tmp_path: Path, *extra: str) -> tuple[list[str], list[st
     assert m, out[-3000:]
     argv, node_options, config = (json.loads(g.replace('\\"', '"')) for g in m.groups())
     return argv, node_options, config
+
+
+def load_plugin(name: str, path: str):
+    """The Python module of a role plugin (action or filter) at ``path`` (relative to the checkout),
+    imported under ``name``: role plugins are files, not packages."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

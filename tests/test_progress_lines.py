@@ -4,24 +4,17 @@ place every interval, instead of nothing for ~30 s and ~50 s."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import yaml
+from labharness import load_plugin
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _load(name: str, path: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-filters = _load("python_env_filters", "roles/python_env/filter_plugins/python_env.py")
-await_plugin = _load("ddp_lab_await", "roles/ddp_lab/action_plugins/ddp_lab_await.py")
+filters = load_plugin("python_env_filters", "roles/python_env/filter_plugins/python_env.py")
+await_plugin = load_plugin("ddp_lab_await", "roles/ddp_lab/action_plugins/ddp_lab_await.py")
 
 
 def test_dist_info_globs_of_pinned_requirements():

@@ -4,7 +4,6 @@ of the live page, one at a time across the trainers' watches (a file lock)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -13,19 +12,13 @@ from pathlib import Path
 
 from ddplab import status as st
 from ddplab.records import read_new_lines
+from labharness import load_plugin
 
 ROOT = Path(__file__).resolve().parent.parent
 T0 = 1_790_000_000.0
 
 
-def _load(name: str, path: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-watch = _load("ddp_job_watch", "roles/ddp_job/action_plugins/ddp_job_watch.py")
+watch = load_plugin("ddp_job_watch", "roles/ddp_job/action_plugins/ddp_job_watch.py")
 
 
 def line(event, t, **kw):
