@@ -109,3 +109,17 @@ def test_sample_and_result(run_dir):
 
 def test_store_stopped_after_the_job():
     assert not (PROJECT / "runs" / ".rdzv" / f"store-{RDZV_PORT}.json").exists()
+
+
+def test_live_report_copies_and_final_report(summary, run_dir):
+    """The watch kept byte-exact copies of every node's metrics for the live page (.watch); collect
+    then wrote the final page (no reload, no banner), named in summary.json, with the sample."""
+    for host in TRAINERS:
+        for collected in sorted((run_dir / host / "metrics").glob("*.jsonl")):
+            copy = run_dir / ".watch" / host / "metrics" / collected.name
+            assert copy.read_bytes() == collected.read_bytes(), copy
+    page = (run_dir / "report.html").read_text()
+    assert summary["report"] == "report.html" and summary["outcome"] == "finished"
+    assert "http-equiv" not in page and "live, step" not in page
+    assert "train loss: last minibatch" in page and "train loss: evaluation estimate" in page
+    assert "Generated sample" in page and f"{summary['sample']}" in page
