@@ -649,6 +649,15 @@ class Trainer:
         if self.replica.errored():
             return float("nan")
         mean_loss, any_bad = float(both[0]) / global_batch, bool(both[1] > 0)
+        return self.check_divergence(mean_loss, any_bad, grad_norm)
+
+    def check_divergence(self, mean_loss: float, any_bad: bool, grad_norm: float) -> float:
+        """Decide on the next step from the loss averaged over all ranks (or participants) and
+        "some gradient norm is not finite"; return ``mean_loss``.
+
+        Raises:
+            Diverged: the step must not be applied (ddplab.divergence).
+        """
         cfg = self.cfg
         reason = divergence_reason(mean_loss, float("nan") if any_bad else grad_norm, self.step,
                                    vocab_size=len(self.data.vocab), warmup_steps=cfg.warmup_steps,
@@ -687,13 +696,7 @@ class Trainer:
             both = torch.tensor([local_loss, bad], dtype=torch.float64)
             wait(dist.all_reduce(both, op=dist.ReduceOp.SUM, async_op=True))
             mean_loss, any_bad = float(both[0]) / self.env.world_size, bool(both[1] > 0)
-        cfg = self.cfg
-        reason = divergence_reason(mean_loss, float("nan") if any_bad else grad_norm, self.step,
-                                   vocab_size=len(self.data.vocab), warmup_steps=cfg.warmup_steps,
-                                   margin=cfg.divergence_margin)
-        if reason:
-            raise Diverged(self.step + 1, reason, mean_loss, grad_norm)
-        return mean_loss
+        return self.check_divergence(mean_loss, any_bad, grad_norm)
 
     def log_step(self, mean_loss: float, local_loss: float, lr: float, lr_scale: float,
                  step_s: float, allreduce_s: float, step: int | None = None, **extra: Any) -> None:
