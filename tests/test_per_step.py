@@ -107,6 +107,11 @@ def test_endpoint_advertises_the_gloo_address_and_the_agents_store():
     assert endpoint({"DDPLAB_GLOO_ADDR": "127.0.0.1"}) == Endpoint("127.0.0.1", 0, host_store=True)
     with pytest.raises(FaultToleranceError, match="per_step needs DDPLAB_GLOO_ADDR"):
         endpoint({"MASTER_PORT": "1"})
+    # a remote store (the torchelastic engine's, on the controller) is not a replica's store
+    with pytest.raises(FaultToleranceError, match="--rdzv-endpoint 10.89.0.1:29400 is not on this"):
+        endpoint({"DDPLAB_GLOO_ADDR": "10.89.0.11", "DDPLAB_RDZV_ENDPOINT": "10.89.0.1:29400"})
+    local = {"DDPLAB_GLOO_ADDR": "10.89.0.11", "DDPLAB_RDZV_ENDPOINT": "localhost:29521"}
+    assert endpoint(local) == Endpoint("10.89.0.11", 29521, host_store=False)
 
 
 def test_per_step_without_gloo_addr_is_a_one_line_error_before_anything(tmp_path, data_path, tiny,

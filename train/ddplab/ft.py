@@ -23,6 +23,7 @@ a store this worker hosts on ``MASTER_PORT`` or, without torchrun, an OS-chosen 
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import time
@@ -101,10 +102,22 @@ def endpoint(environ: dict[str, str] | None = None) -> Endpoint:
 
     rdzv = env.get(RDZV_ENDPOINT_ENV, "")
     if rdzv:  # the agent's rendezvous store, on the node's address (--rdzv-endpoint ADDR:PORT)
-        return Endpoint(addr=addr, store_port=port_of(RDZV_ENDPOINT_ENV, rdzv.rpartition(":")[2]),
-                        host_store=False)
+        host, _, port = rdzv.rpartition(":")
+        if host.strip("[]") not in (addr, "localhost") and not _is_loopback(host.strip("[]")):
+            raise FaultToleranceError(
+                f"fault_tolerance per_step: --rdzv-endpoint {rdzv} is not on this node's address "
+                f"{addr} ({GLOO_ADDR_ENV}): each replica group uses a local store "
+                f"(--rdzv-endpoint {addr}:PORT --rdzv-conf is_host=true)")
+        return Endpoint(addr=addr, store_port=port_of(RDZV_ENDPOINT_ENV, port), host_store=False)
     port = port_of("MASTER_PORT", env.get("MASTER_PORT", ""))
     return Endpoint(addr=addr, store_port=port, host_store=env.get(AGENT_STORE_ENV) != "True" or not port)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class Replica:
