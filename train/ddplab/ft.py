@@ -200,7 +200,7 @@ class Replica:
         return seconds
 
     def sum(self, tensor: torch.Tensor) -> None:
-        """Sum ``tensor`` in place over the participants (same failure rule as :meth:`average`)."""
+        """Sum ``tensor`` in place over the participants (failures as :meth:`average_gradients`)."""
         self.manager.allreduce(tensor, reduce_op=torch.distributed.ReduceOp.SUM).wait()
 
     def errored(self) -> bool:
@@ -218,6 +218,7 @@ class Replica:
 
     @property
     def quorum_id(self) -> int:
+        """The lighthouse's id of the current quorum (torchft 0.2.0 has no public accessor)."""
         return self.manager._quorum_id
 
     @property
