@@ -277,6 +277,10 @@ def test_kill_one_of_three_then_rejoin_from_a_peer(tmp_path, data_path, lighthou
         steps = [r["step"] for r in rep.committed()]
         assert steps == sorted(set(steps)), f"{rep.name}: a step committed twice"
         assert [r for r in rep.committed(kill_time) if r["participants"] == 2], rep.name
+        # stopped with SIGTERM at the end: the emergency checkpoint of the last committed step
+        failure = [r for r in rep.records() if r["event"] == "failure"]
+        assert len(failure) == 1 and failure[0]["cause"] == "signal" and failure[0]["saved"], failure
+        assert (rep.out / "checkpoints" / f"ckpt-{failure[0]['step']:08d}.pt").exists()
     steps = sorted({r["step"] for rep in reps for r in rep.committed()})
     assert steps == list(range(1, steps[-1] + 1)), "a step lost"
     killed_last = max(r["step"] for r in victim.committed() if r["time"] < kill_time)
