@@ -24,6 +24,7 @@ a store this worker hosts on ``MASTER_PORT`` or, without torchrun, an OS-chosen 
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import socket
 import time
@@ -43,6 +44,15 @@ from ddplab.distributed import GLOO_ADDR_ENV, bound_gloo
 
 #: Set by torchrun in the worker's environment when the workers share the agent's store.
 AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+
+
+def _not_flight_recorder(record: logging.LogRecord) -> bool:
+    """torchft warns at every quorum change that it cannot reset NCCL's flight recorder: there
+    is no NCCL on these CPU nodes, the line is noise in the worker log."""
+    return "flight recorder" not in record.getMessage()
+
+
+logging.getLogger("torchft.manager").addFilter(_not_flight_recorder)
 
 
 class FaultToleranceError(ValueError):
