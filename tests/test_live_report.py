@@ -168,3 +168,22 @@ def test_final_report_replaces_the_live_copy(tmp_path):
     assert report.main([str(run)]) == 0
     text = text_of((run / "report.html").read_text())
     assert "copies taken while the run went on" not in text and "steps completed 350 of 350" in text
+
+
+def test_report_and_summary_give_the_same_evaluation(tmp_path):
+    """Without an end record both take the newest evaluation by time (one rule:
+    summary.final_evaluation), also when the newest is not the highest step."""
+    run = tmp_path / "r"
+    recs = {"n0": [rec("start", 0, 0, ws=1, max_steps=500), rec("step", 1, 0, ws=1, step=300, loss=2.0),
+                   rec("val", 30, 0, ws=1, step=300, val_loss=2.2, train_loss=2.1)],
+            "n1": [rec("start", 0, 1, ws=1, max_steps=500), rec("step", 1, 1, ws=1, step=400, loss=1.9),
+                   rec("val", 20, 1, ws=1, step=400, val_loss=2.15, train_loss=2.05)]}
+    for host, rs in recs.items():
+        (run / host / "metrics").mkdir(parents=True)
+        (run / host / "metrics" / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rs))
+    assert summary.main(["build", str(run)]) == 0
+    s = json.loads((run / "summary.json").read_text())
+    text = text_of(report.build_report(run)[0].read_text())
+    assert (s["final_train_loss"], s["final_val_loss"]) == (2.1, 2.2)
+    assert "train loss: evaluation estimate, step 300 2.100" in text
+    assert "val loss: evaluation, step 300 2.200" in text

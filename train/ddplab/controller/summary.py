@@ -91,22 +91,32 @@ def steps_completed(records: Iterable[Record]) -> int:
     return max(steps, default=0)
 
 
-def final_losses(
+def final_evaluation(
     records: Sequence[Record], results: Iterable[Mapping[str, Any]] = ()
-) -> tuple[float | None, float | None]:
-    """``(final_train_loss, final_val_loss)``: rank-0 ``end`` record, else a result.json, else the
-    newest ``val`` record."""
+) -> tuple[float | None, float | None, int | None]:
+    """``(train loss, val loss, step)`` of the trainer's newest evaluation (the mean loss over fixed
+    windows of each split): the rank-0 ``end`` record, else a result.json, else the newest ``val``
+    record (``records`` in time order). The one rule of summary.json's final losses and the report's
+    evaluation figures."""
     ends = events_of(records, "end", rank=0) or events_of(records, "end")
     if ends:
         e = ends[-1]
-        return num(e.get("final_train_loss")), num(e.get("final_val_loss"))
+        return num(e.get("final_train_loss")), num(e.get("final_val_loss")), as_int(e.get("step"))
     for res in results:
         if num(res.get("final_val_loss")) is not None:
-            return num(res.get("final_train_loss")), num(res.get("final_val_loss"))
+            return num(res.get("final_train_loss")), num(res.get("final_val_loss")), as_int(res.get("steps"))
     vals = events_of(records, "val")
     if vals:
-        return num(vals[-1].get("train_loss")), num(vals[-1].get("val_loss"))
-    return None, None
+        return num(vals[-1].get("train_loss")), num(vals[-1].get("val_loss")), as_int(vals[-1].get("step"))
+    return None, None, None
+
+
+def final_losses(
+    records: Sequence[Record], results: Iterable[Mapping[str, Any]] = ()
+) -> tuple[float | None, float | None]:
+    """``(final_train_loss, final_val_loss)`` of :func:`final_evaluation`."""
+    train, val, _ = final_evaluation(records, results)
+    return train, val
 
 
 def wall_seconds(records: Sequence[Record]) -> float | None:

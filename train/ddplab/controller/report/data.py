@@ -24,6 +24,7 @@ from ddplab.controller.rundir import (
     world_size_at,
     world_size_timeline,
 )
+from ddplab.controller.summary import final_evaluation
 from ddplab.faults import is_per_step
 from ddplab.records import as_int, by_time, num
 
@@ -187,20 +188,18 @@ class TrainLoss:
     minibatch_step: int | None
     estimate: float | None
     estimate_step: int | None
+    val_loss: float | None = None  # of the same evaluation as ``estimate``
 
 
 def train_loss(run: RunFolder) -> TrainLoss:
-    """The newest train loss of ``run`` as :class:`TrainLoss` (minibatch and evaluation estimate)."""
+    """The newest train loss of ``run`` as :class:`TrainLoss` (minibatch and evaluation estimate);
+    the evaluation is :func:`ddplab.controller.summary.final_evaluation`'s, as in summary.json."""
     tr = loss_per_step(run)
-    evals = [r for r in run.by_event("end") + run.by_event("val")
-             if num(r.get("final_train_loss", r.get("train_loss"))) is not None]
-    newest = max(evals, key=lambda r: (as_int(r.get("step")) or 0, r.get("event") == "end"), default=None)
-    if newest is not None:
-        est = num(newest.get("final_train_loss", newest.get("train_loss")))
-        est_step = as_int(newest.get("step"))
-    else:
-        est, est_step = num(run.summary.get("final_train_loss")), as_int(run.summary.get("steps_completed"))
-    return TrainLoss(tr[-1][1] if tr else None, tr[-1][0] if tr else None, est, est_step)
+    est, val, est_step = final_evaluation(run.records, run.results.values())
+    if est is None and val is None:
+        est, val = num(run.summary.get("final_train_loss")), num(run.summary.get("final_val_loss"))
+        est_step = as_int(run.summary.get("steps_completed")) if est is not None else None
+    return TrainLoss(tr[-1][1] if tr else None, tr[-1][0] if tr else None, est, est_step, val)
 
 
 def train_estimate_points(run: RunFolder) -> list[tuple[int, float]]:

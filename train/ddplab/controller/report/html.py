@@ -22,7 +22,6 @@ from ddplab.controller.report.data import (
     step_at,
     time_span,
     train_loss,
-    val_points,
     ws_sequence,
 )
 from ddplab.controller.rundir import RunFolder
@@ -75,17 +74,12 @@ def key_figures(run: RunFolder, rs: list[Restart], fl: list[Fault],
     (:class:`ddplab.controller.report.data.TrainLoss`)."""
     s = run.summary
     steps = [r["step"] for r in run.by_event("step") if isinstance(r.get("step"), int)]
-    ends = run.by_event("end")
-    vals = val_points(run)
     hosts = s.get("hosts") or sorted({str(r["host"]) for r in run.records if r.get("host")})
     if isinstance(hosts, dict):
         hosts = sorted(hosts)
-    end = ends[-1] if ends else {}
     tl = train_loss(run)
-    # summary.json holds null for a run that ended without its final evaluation: show the last seen
-    final_val = first_set(end.get("final_val_loss"), vals[-1][1] if vals else None, s.get("final_val_loss"))
-    val_step = first_set(end.get("step") if end.get("final_val_loss") is not None else None,
-                         vals[-1][0] if vals else None)
+    # the evaluation summary.json gives (the newest when the run ended without its final one)
+    final_val, val_step = tl.val_loss, tl.estimate_step
     start = next(iter(run.by_event("start")), {})
     tok = [w.tokens_per_s for w in per_world_size(run) if w.tokens_per_s is not None]
     params = num(start.get("params"))
