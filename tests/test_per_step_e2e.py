@@ -14,7 +14,8 @@ started as the ddp_job unit starts it on a laptop (``python -m ddplab.agent --nn
 * three replicas, one worker frozen (SIGSTOP) then thawed, then SIGKILLed alone: the survivors go
   on at 2 participants each time, the thawed worker and the one torchrun restarted
   (``--max-restarts 1``, same Manager port) rejoin with their peers' weights;
-* a restart of the whole cluster: each replica resumes from its own checkpoint.
+* a restart of the whole cluster: each replica resumes from its own checkpoint;
+* a diverging run: every replica stops on the same step, unapplied, without a checkpoint of it.
 The recovery times are printed with the load average (docs/training.md).
 """
 
@@ -371,3 +372,24 @@ def test_whole_cluster_restart_resumes_from_the_nodes_checkpoints(tmp_path, data
         assert json.loads((rep.out / "result.json").read_text())["steps"] == 50
     assert val_losses(reps[0]) == val_losses(reps[1]) and len(val_losses(reps[0])) == 5
     assert assert_samples_distinct(reps) == 50
+
+
+@pytest.mark.parametrize("lighthouse", [2], indirect=True, ids=["min_replicas_2"])
+def test_divergence_stops_every_replica_on_the_same_step(tmp_path, data_path, lighthouse):
+    reps = [Replica(tmp_path, f"node{i}", lighthouse, data_path, max_steps=200, base_lr=50.0,
+                    ckpt_interval=5, max_restarts=1) for i in range(2)]
+    for rep in reps:
+        rep.start()
+    codes = [rep.wait(90) for rep in reps]
+    assert all(code != 0 for code in codes), codes
+    failures = [[r for r in rep.records() if r["event"] == "failure"] for rep in reps]
+    # torchrun restarted each worker once; the restart refused to replay the divergence at once
+    assert all(len(f) == 2 and {r["cause"] for r in f} == {"divergence"} and not f[0]["saved"]
+               and "would repeat it" in f[1]["error"] for f in failures), failures
+    assert failures[0][0]["failed_step"] == failures[1][0]["failed_step"]  # same sums, same decision
+    for rep, failure in zip(reps, failures, strict=True):
+        steps = [r["step"] for r in rep.committed()]
+        assert steps[-1] == failure[0]["failed_step"] - 1  # the diverged step was not applied
+        # no checkpoint of a diverged state: none newer than the last step before the divergence
+        saved = [int(p.stem.split("-")[1]) for p in (rep.out / "checkpoints").glob("*.pt")]
+        assert all(s < failure[0]["failed_step"] for s in saved)

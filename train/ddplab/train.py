@@ -352,10 +352,11 @@ class Trainer:
         return hashlib.sha256(text.encode()).hexdigest()
 
     def _refuse_repeated_divergence(self, resume_step: int | None) -> None:
-        """After a torchelastic restart, stop at once when the attempt before this one diverged
+        """After a torchrun restart, stop at once when the attempt before this one diverged
         from the same checkpoint step (``resume_step``, None: fresh start), at the same world size
-        and with the same configuration: resuming would replay the same steps into the same
-        divergence (a resume at equal world size is bit-identical). A first launch always trains.
+        (any participants under per_step) and with the same configuration: resuming would replay
+        the same steps into the same divergence (a resume at equal world size is bit-identical).
+        A first launch always trains.
         Every rank takes part in the all-reduce, so all of them stop or none.
 
         Raises:
@@ -366,7 +367,9 @@ class Trainer:
             failures = [r for r in read_jsonl(self.metrics.path)[0] if r.get("event") == "failure"]
             last = failures[-1] if failures else {}
             if (last.get("cause") == "divergence" and last.get("restart_count") == env.restart_count - 1
-                    and last.get("world_size") == env.world_size
+                    # per_step: the record's world_size is the participants of that step, and
+                    # a restarted replica joins whatever quorum is live (its peers diverged too)
+                    and (self.per_step or last.get("world_size") == env.world_size)
                     and last.get("resumed_from_step", -1) == resume_step
                     and last.get("config_sha256") == self.config_sha256()):
                 previous = last
