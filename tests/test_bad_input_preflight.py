@@ -134,6 +134,7 @@ def test_route_and_loopback_helpers():
         "dev": "eth0",
         "src": "10.89.0.5",
     }
+    assert val.path_chain("/var/lib/ddp-lab") == ["/var/lib/ddp-lab", "/var/lib", "/var", "/"]
     assert val.loopbacks(["127.0.1.1", "10.0.0.2", "::1", "x"]) == ["127.0.1.1", "::1"]
 
 
@@ -186,6 +187,7 @@ def test_check_table_aligns_columns():
     assert table.splitlines() == [
         "== laptop-a ==",
         "check      | status | detail",
+        "-----------|--------|----------------",
         "clock      | OK     | offset +0.001 s",
         "hosts_file | WARN   | a b",
     ]

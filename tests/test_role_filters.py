@@ -78,9 +78,11 @@ def test_rtt_table():
     lines = net.rtt_table({"laptop-a": {"laptop-b": 0.0612}, "laptop-b": {"laptop-a": None}}, 3)
     assert lines[0].startswith("RTT in ms (mean of 3 pings)")
     assert lines[1].split() == ["from", "\\", "to", "laptop-a", "laptop-b"]
-    assert lines[2].split() == ["laptop-a", "-", "0.061"]
-    assert lines[3].split() == ["laptop-b", "x", "-"]
-    assert len({len(line) for line in lines[1:]}) == 1
+    assert set(lines[2]) <= {"─", " "}  # rich's rule under the heads
+    assert lines[3].split() == ["laptop-a", "-", "0.061"]
+    assert lines[4].split() == ["laptop-b", "x", "-"]
+    # right-aligned numbers: the cells end in the same column as their heads
+    assert lines[3].rindex("0.061") + 5 == lines[1].rindex("laptop-b") + 8
 
 
 def _slurp(folder: str, attr: str, value: str) -> dict:

@@ -7,6 +7,7 @@ unit-tested in tests/test_role_filters.py and tests/test_bad_input_preflight.py.
 from __future__ import annotations
 
 import base64
+import io
 import ipaddress
 import os
 import re
@@ -14,6 +15,11 @@ import shlex
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 # The project's training package (train/ddplab), for the run-config check on the controller.
 _TRAIN_DIR = Path(__file__).resolve().parents[3] / "train"
@@ -160,18 +166,6 @@ def route_info(stdout: str) -> dict:
     dev = re.search(r"\bdev\s+(\S+)", stdout or "")
     src = re.search(r"\bsrc\s+(\S+)", stdout or "")
     return {"dev": dev.group(1) if dev else None, "src": src.group(1) if src else None}
-
-
-def df_avail(stdout: str) -> dict:
-    """``{avail_mb, mount}`` of the first filesystem in ``df -P -B1 PATH...`` output.
-
-    ``avail_mb`` is in MiB (float). Raises ValueError when no filesystem line is present.
-    """
-    for line in (stdout or "").splitlines()[1:]:
-        parts = line.split()
-        if len(parts) >= 6 and parts[3].isdigit():
-            return {"avail_mb": int(parts[3]) / 2**20, "mount": " ".join(parts[5:])}
-    raise ValueError(f"no filesystem in df output: {stdout!r}")
 
 
 def _major_minor(dev: int) -> tuple[int, int]:
@@ -353,17 +347,17 @@ def proc_ppid(stat: str) -> int:
 
 
 def check_table(results: list, title: str) -> str:
-    """The doctor's table of one node: ``check | status | detail`` (statuses upper-case)."""
-    rows = [("check", "status", "detail")]
+    """The doctor's table of one node: ``check | status | detail`` (statuses upper-case) under
+    ``== title ==``, drawn by ``rich`` (plain text, no colour codes; details never wrapped)."""
+    table = Table(box=box.MARKDOWN, show_edge=False, pad_edge=False)
+    for column in ("check", "status", "detail"):
+        table.add_column(column, no_wrap=True, overflow="ignore")
     for r in results or []:
         detail = " ".join(str(r.get("detail", "")).split())
-        rows.append((str(r.get("check", "")), str(r.get("status", "")).upper(), detail))
-    width_check = max(len(r[0]) for r in rows)
-    width_status = max(len(r[1]) for r in rows)
-    lines = [f"== {title} =="]
-    for check, status, detail in rows:
-        lines.append(f"{check:<{width_check}} | {status:<{width_status}} | {detail}")
-    return "\n".join(lines)
+        table.add_row(Text(str(r.get("check", ""))), Text(str(r.get("status", "")).upper()), Text(detail))
+    console = Console(file=io.StringIO(), width=100000, color_system=None, force_terminal=False)
+    console.print(table)
+    return "\n".join([f"== {title} =="] + [line.rstrip() for line in console.file.getvalue().splitlines()])
 
 
 def range_problems(values: dict, rules: list, skip: list | None = None) -> list[str]:
@@ -444,7 +438,6 @@ class FilterModule:
             "validate_records": records,
             "validate_train_config_error": train_config_error,
             "validate_route": route_info,
-            "validate_df": df_avail,
             "validate_lock_holders": lock_holders,
             "validate_clock": clock_offset,
             "validate_unit_launch": unit_launch,
@@ -453,6 +446,6 @@ class FilterModule:
             "validate_proc_cmdline": proc_cmdline,
             "validate_proc_ppid": proc_ppid,
             "validate_range_problems": range_problems,
-            "validate_path_chain": path_chain,
             "validate_odd_ones": odd_ones,
+            "validate_path_chain": path_chain,
         }

@@ -1,8 +1,14 @@
-"""Filters of the wired_network role: parse ping output, render the RTT matrix."""
+"""Filters of the wired_network role: parse ping output, render the RTT matrix (rich)."""
 
 from __future__ import annotations
 
+import io
 import re
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 _RTT = re.compile(r"=\s*[0-9.]+/([0-9.]+)/[0-9.]+")
 
@@ -17,21 +23,26 @@ def ping_rtt_ms(stdout: str) -> float | None:
 
 
 def rtt_table(matrix: dict, count: int = 3) -> list[str]:
-    """Render ``{from_host: {to_host: ms | None}}`` as fixed-width text lines, one per host.
+    """Render ``{from_host: {to_host: ms | None}}`` as a text table (``rich``, no colour codes): a
+    title line, the column heads, then one row per host.
 
     The diagonal shows ``-``, a pair without any reply ``x``. Hosts keep the dict's order.
     """
     hosts = list(matrix)
-    width = max([len(h) for h in hosts] + [9]) + 2
-    lines = [f"RTT in ms (mean of {count} pings), row pings column; x = no reply",
-             "from \\ to".ljust(width) + "".join(h.rjust(width) for h in hosts)]
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    table.add_column("from \\ to")
+    for h in hosts:
+        table.add_column(h, justify="right")
     for src in hosts:
         cells = []
         for dst in hosts:
             value = (matrix.get(src) or {}).get(dst)
             cells.append("-" if src == dst else ("x" if value is None else f"{float(value):.3f}"))
-        lines.append(src.ljust(width) + "".join(c.rjust(width) for c in cells))
-    return lines
+        table.add_row(Text(src), *cells)
+    console = Console(file=io.StringIO(), width=1000, color_system=None, force_terminal=False)
+    console.print(table)
+    title = f"RTT in ms (mean of {count} pings), row pings column; x = no reply"
+    return [title] + [line.rstrip() for line in console.file.getvalue().splitlines() if line.strip()]
 
 
 class FilterModule:
