@@ -102,3 +102,17 @@ def test_install_runs_async_with_the_waiting_task_after_it():
     copy = yaml.safe_load((ROOT / "roles/python_env/tasks/copy.yml").read_text())
     wheels = next(t for t in copy if t["name"].startswith("Copy the wheels"))
     assert "python_env_copy_plan" in wheels["loop"] and wheels["loop_control"]["label"] == "{{ item.label }}"
+
+
+def test_long_steps_of_ship_and_collect_say_what_and_how_much():
+    """The node runtime install runs async with ddp_lab_await after it; the dataset copy names its
+    size; collect says how many MB come from each node before the fetch."""
+    ship = yaml.safe_load((ROOT / "roles/ddp_job/tasks/ship.yml").read_text())
+    names = [t["name"] for t in ship]
+    i = names.index("Install the node runtime into the venv")
+    assert ship[i]["poll"] == 0 and "ddp_lab_await" in ship[i + 1]
+    assert any(n.startswith("Ship the dataset") and "stat.size" in n for n in names)
+    node = yaml.safe_load((ROOT / "roles/collect/tasks/node.yml").read_text())
+    names = [t["name"] for t in node]
+    say = names.index("Say what is fetched from the node")
+    assert names[say + 1] == "Fetch the pack" and "fetching" in node[say]["ansible.builtin.debug"]["msg"]
