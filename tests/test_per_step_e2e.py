@@ -325,14 +325,18 @@ def test_freeze_thaw_and_a_local_worker_restart(tmp_path, data_path, lighthouse)
     figures.append(f"thaw -> 3 participants {back - thawed:.2f} s")
 
     killed, first_pid = time.time(), worker_pid(victim)
-    os.kill(first_pid, signal.SIGKILL)  # the worker only: its agent restarts it
-    at_two = wait_until("a commit at 2 after the worker kill",
-                        lambda: first_at(survivors, 2, killed), survivors, 30)
-    back = wait_until("back to 3 after the local restart", lambda: first_at(reps, 3, at_two), reps, 60)
-    restarted = [r for r in victim.records() if r["event"] == "start"][-1]
-    figures.append(f"worker SIGKILL -> commit at 2 {at_two - killed:.2f} s, restarted worker -> 3 "
-                   f"participants {back - restarted['time']:.2f} s after its start record "
-                   f"(load {load()})")
+    os.kill(first_pid, signal.SIGKILL)  # the worker only: its agent restarts it (a fork: fast)
+    restarted = wait_until("the restarted worker", lambda: next(
+        (r for r in victim.records() if r["event"] == "start" and r["pid"] != first_pid), None),
+        reps, 60)
+    back = wait_until("the restarted worker in a commit at 3",
+                      lambda: first_at([victim], 3, restarted["time"]), reps, 60)
+    # the survivors go on at 2 participants, or at 3 at once when the restarted worker is in the
+    # next quorum already (seen under load: no commit at 2 at all)
+    going_on = min((r for rep in survivors for r in rep.committed(killed)), key=lambda r: r["time"])
+    figures.append(f"worker SIGKILL -> survivors' next commit {going_on['time'] - killed:.2f} s at "
+                   f"{going_on['participants']} participants, restarted worker -> 3 participants "
+                   f"{back - restarted['time']:.2f} s after its start record (load {load()})")
     wait_until("an evaluation after the restart",
                lambda: any(s > r["step"] for r in victim.committed(restarted["time"])[:1]
                            for s in val_losses(victim)), reps, 60)
