@@ -121,3 +121,32 @@ def test_a_failing_build_is_reported_not_raised(tmp_path):
     assert live.maybe_build() is True
     live.close()
     assert live.error and "exit 1" in live.error and "report.log" in live.error
+
+
+def test_a_node_without_chunks_from_is_watched_without_the_live_page(tmp_path, monkeypatch):
+    """attach.yml to a job launched by an older checkout: its ddplab.status refuses --chunks-from;
+    the watch goes on without the live page instead of counting the node unreachable."""
+    from ansible.errors import AnsibleError
+
+    lines, warnings, calls = [], [], []
+    monkeypatch.setattr(watch.display, "display", lambda msg, **kw: lines.append(msg))
+    monkeypatch.setattr(watch.display, "warning", lambda msg, **kw: warnings.append(msg))
+    monkeypatch.setattr(watch.time, "sleep", lambda s: None)
+    plugin = watch.ActionModule.__new__(watch.ActionModule)
+
+    def poll(args, task_vars, live=None):
+        calls.append(live is not None)
+        if live is not None:
+            raise AnsibleError("progress command failed: status: error: unrecognized arguments: "
+                               "--chunks-from {}")
+        return {"state": "succeeded", "line": "n0  step 5/5  [succeeded]", "progress": {}}
+
+    plugin._poll = poll
+    args = {"out_dir": "/x", "python": "p", "unit": "u", "label": "n0", "interval_s": 1.0,
+            "timeout_s": 60.0, "max_errors": 2, "once": False, "report_dir": str(tmp_path / "run"),
+            "report_python": sys.executable, "report_pythonpath": ""}
+    monkeypatch.setattr(watch.ActionBase, "run", lambda self, tmp=None, task_vars=None: {})
+    monkeypatch.setattr(plugin, "validate_argument_spec", lambda argument_spec: (None, args), raising=False)
+    res = plugin.run(task_vars={"inventory_hostname": "n0"})
+    assert res["state"] == "succeeded" and calls == [True, False]
+    assert warnings and "no live report" in warnings[0] and lines == ["n0  step 5/5  [succeeded]"]

@@ -201,6 +201,13 @@ class ActionModule(ActionBase):
                 if live is not None:
                     self._live_report(live, last)
             except Exception as exc:  # noqa: BLE001 - a node that vanished is an outcome, not a crash
+                if live is not None and "--chunks-from" in str(exc):
+                    # a job launched by an older checkout: its ddplab.status has no --chunks-from
+                    display.warning(f"{args['label']}: no live report (the node's ddplab.status is older "
+                                    "than this checkout); the final report comes with collect")
+                    live.close()
+                    live = None
+                    continue
                 errors += 1
                 display.display(
                     f"{args['label']:<12} cannot read progress ({errors}/{args['max_errors']}): "
