@@ -4,6 +4,7 @@ per-step global batch and LR, and where a replica's addresses come from (ddplab.
 from __future__ import annotations
 
 import random
+import time
 
 import numpy as np
 import pytest
@@ -134,3 +135,26 @@ def test_check_validates_per_step_without_the_units_environment(tmp_path, data_p
                 ft_lighthouse="http://127.0.0.1:9")
     assert main([*args, "--check"]) == 0
     assert '"fault_tolerance": "per_step"' in capsys.readouterr().out
+
+
+def test_a_signal_whose_exception_was_swallowed_still_stops_the_per_step_loop():
+    """torchft runs torch future callbacks in the training thread and turns what they raise into
+    a failed collective: the SIGTERM handler's exception can be lost there; the guard's check
+    between steps raises it again."""
+    import os
+    import signal
+
+    from ddplab.train import SignalGuard, Terminated
+
+    guard = SignalGuard()
+    guard.install()
+    try:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.1)  # the handler raises here, inside "a callback"
+        except BaseException:  # noqa: BLE001 (what the future machinery does)
+            pass
+        with pytest.raises(Terminated, match="SIGTERM"):
+            guard.check()
+    finally:
+        guard.uninstall()

@@ -397,3 +397,26 @@ def test_divergence_stops_every_replica_on_the_same_step(tmp_path, data_path, li
         # no checkpoint of a diverged state: none newer than the last step before the divergence
         saved = [int(p.stem.split("-")[1]) for p in (rep.out / "checkpoints").glob("*.pt")]
         assert all(s < failure[0]["failed_step"] for s in saved)
+
+
+@pytest.mark.parametrize("lighthouse", [2], indirect=True, ids=["min_replicas_2"])
+def test_sigterm_while_waiting_for_a_quorum_saves_and_leaves_at_once(tmp_path, data_path, lighthouse):
+    reps = [Replica(tmp_path, f"node{i}", lighthouse, data_path, max_steps=100000,
+                    ckpt_interval=100000, ft_quorum_timeout_s=120) for i in range(2)]
+    for rep in reps:
+        rep.start()
+    waiting, gone = reps
+    wait_until("10 steps at 2", lambda: len(waiting.committed()) >= 10, reps, 60)
+    gone.signal(signal.SIGKILL)
+    gone.wait(10)
+    time.sleep(2)  # the lighthouse forms no quorum of 1 (--min_replicas 2): the survivor waits
+    last = waiting.committed()[-1]["step"]
+    pid = worker_pid(waiting)
+    sent = time.time()
+    os.kill(pid, signal.SIGTERM)
+    assert waiting.wait(20) != 0
+    left_s = time.time() - sent
+    failure = [r for r in waiting.records() if r["event"] == "failure"]
+    assert len(failure) == 1 and failure[0]["cause"] == "signal" and failure[0]["saved"], failure
+    assert failure[0]["step"] == last and failure[0]["time"] - sent < 5, (failure, left_s)
+    assert (waiting.out / "checkpoints" / f"ckpt-{last:08d}.pt").exists()

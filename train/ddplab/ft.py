@@ -26,6 +26,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import signal
 import socket
 import time
 from collections.abc import Callable, Iterable
@@ -162,21 +163,35 @@ class Replica:
             port = self._store.port
         self.store_port = port
         self.pg = BoundProcessGroupGloo(where.addr, timeout)
-        self.manager = Manager(
+        # Threads started from here on (torchft's Rust runtime, its quorum thread, gloo's) are
+        # born with SIGTERM/SIGINT blocked: the kernel then delivers them to this thread, and a
+        # wait for a quorum (a lock wait) is interrupted at once instead of up to the quorum timeout.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+        try:
+            self.manager = self._manager(cfg, where.addr, port, timeout, quorum_timeout,
+                                         state_dict, load_state_dict)
+            self.manager._executor.submit(int).result()  # start the quorum thread now, masked
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if step:
+            self.manager.load_state_dict({"step": step, "batches_committed": 0})
+        self.optimizer = OptimizerWrapper(self.manager, optimizer)
+
+    def _manager(self, cfg: Any, addr: str, port: int, timeout: timedelta, quorum_timeout: timedelta,
+                 state_dict: Callable[[], dict[str, Any]],
+                 load_state_dict: Callable[[dict[str, Any]], None]) -> Manager:
+        return Manager(
             pg=self.pg, load_state_dict=load_state_dict, state_dict=state_dict,
             min_replica_size=cfg.ft_min_replicas,
             # the quorum is known before the batch is chosen, and a joiner is healed before it
             # computes: every participant of a step holds the same state and knows its rank
             use_async_quorum=False,
             timeout=timeout, quorum_timeout=quorum_timeout, connect_timeout=quorum_timeout,
-            rank=0, world_size=1, store_addr=where.addr, store_port=port,
+            rank=0, world_size=1, store_addr=addr, store_port=port,
             lighthouse_addr=cfg.ft_lighthouse, replica_id=self.replica_id,
-            port=cfg.ft_manager_port, hostname=where.addr,
+            port=cfg.ft_manager_port, hostname=addr,
             checkpoint_transport=PGTransport(self.pg, timeout=timeout, device=torch.device("cpu")),
         )
-        if step:
-            self.manager.load_state_dict({"step": step, "batches_committed": 0})
-        self.optimizer = OptimizerWrapper(self.manager, optimizer)
 
     # --- one step ------------------------------------------------------------------------------
     def start_step(self) -> tuple[int, int]:

@@ -103,6 +103,7 @@ class SignalGuard:
     def __init__(self) -> None:
         self.depth = 0
         self.pending: int | None = None
+        self.received: int | None = None  # the last signal handled, raised or not
         self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
@@ -115,10 +116,19 @@ class SignalGuard:
         self._previous.clear()
 
     def _handle(self, signum: int, _frame: Any) -> None:
+        self.received = signum
         if self.depth:
             self.pending = signum
             return
         raise Terminated(signum)
+
+    def check(self) -> None:
+        """Raise :class:`Terminated` when a signal arrived, even if the exception the handler
+        raised was lost: under per_step it can fire inside a torch future callback that torchft
+        runs in this thread, where the exception becomes a failed collective (seen: a SIGTERMed
+        replica trained on for 30 s until torchrun killed it)."""
+        if self.received is not None and not self.depth:
+            raise Terminated(self.received)
 
     def shield(self) -> None:
         """From now on every SIGTERM/SIGINT is only recorded (the emergency path: its checkpoint
@@ -553,7 +563,9 @@ class Trainer:
         """
         cfg, replica = self.cfg, self.replica
         t0 = time.perf_counter()
+        self.guard.check()
         rank, participants = replica.start_step()
+        self.guard.check()
         if replica.step != self.step:
             raise RuntimeError(f"torchft is at step {replica.step}, the training state at step "
                                f"{self.step}: the state transfer did not apply")
@@ -595,6 +607,7 @@ class Trainer:
         t_guard = time.perf_counter()
         mean_loss = self.per_step_divergence_guard(loss_sum, grad_norm, global_batch)
         allreduce_s += time.perf_counter() - t_guard
+        self.guard.check()
         previous = self.participants
         with self.guard.critical():
             self.consistent = False
