@@ -129,3 +129,31 @@ def test_interface_pattern_lo_wrong_address_and_ok():
     assert "wired_network_address 10.89.0.99 is not the address of eth0" in wrong["detail"]
     assert vc.interface("n0", "eth0", facts, "eth0", "10.89.0.11")["detail"] == (
         "wired_network_ifname eth0 exists (10.89.0.11)")
+
+
+def _port(what, rc, state=None, held=(), holder="", parent="", number=29400):
+    return vc.port(what, "controller", "10.89.0.1", number, rc, state or {}, "", list(held), holder, parent,
+                   "")
+
+
+def test_port_free_held_foreign_store_and_own_service():
+    free = _port("store", 3)
+    assert free["status"] == "ok" and not free["up"]
+    assert free["detail"] == "port 29400 free on controller; the store starts with the job"
+    other = _port("store", 3, held=["127.0.0.1"], holder="nc -l 29400")
+    assert other["status"] == "fail" and other["detail"] == (
+        "controller: TCP port 29400 is in use by another program (it accepts connections at 127.0.0.1;"
+        " nc -l 29400), so the rendezvous store cannot listen there; fix: stop that program or set"
+        " rendezvous_port to a free port")
+    foreign = _port("lighthouse", 3, held=["10.89.0.1"], number=29510,
+                    holder="python -m ddplab.controller.lighthouse serve",
+                    parent="supervisor --state-dir /x/.rdzv --port 1")
+    assert foreign["check"] == "lighthouse_port" and "--state-dir /x/.rdzv" in foreign["detail"]
+    assert "set rendezvous_lighthouse_port to another free port" in foreign["detail"]
+    mine = _port("store", 0, {"host": "10.89.0.1", "supervisor_pid": 7})
+    assert mine["status"] == "ok" and mine["up"]
+    assert mine["detail"].startswith("store running (supervisor pid 7)")
+    another_inventory = _port("store", 0, {"host": "10.9.9.9"})
+    assert another_inventory["status"] == "fail" and not another_inventory["up"]
+    assert _port("store", -1, number="x")["detail"].startswith(
+        "controller: TCP port x: rendezvous_port is not a TCP port number")

@@ -245,7 +245,7 @@ def port(what: str, host: str, address: str, number: Any, rc: int, state: Mappin
     problem = None
     if rc == -1:
         problem = (f"{where}: {setting} is not a TCP port number; fix: set {setting} to a free port in"
-                   f" 1024-65535 (default {29400 if what == 'store' else 29510})")
+                   " 1024-65535 (its default: roles/ddp_lab/defaults/main.yml)")
     elif rc == 0 and state.get("host", "") != address:
         problem = (f"{where} is held by a ddp-lab {kind} serving {state.get('host')} (another inventory's"
                    f" job, pid {state.get('supervisor_pid', '?')}), so this job's {kind} cannot start;"
