@@ -50,8 +50,6 @@ from datetime import timedelta
 from typing import Any
 
 BARRIER_PREFIX = "ddplab/start-barrier/"
-#: The agent's ``--rdzv-endpoint``, passed to its workers (ddplab.ft's replica store).
-RDZV_ENDPOINT_ENV = "DDPLAB_RDZV_ENDPOINT"
 #: The training module whose workers the agent can fork (``-m ddplab.train``).
 WORKER_MODULE = "ddplab.train"
 #: Start methods under which the workers are forked from this process.
@@ -138,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     args = torchrun.parse_args(argv)
     fork = forks_worker(args)
     if args.rdzv_endpoint:
+        from ddplab.distributed import RDZV_ENDPOINT_ENV
+
         os.environ[RDZV_ENDPOINT_ENV] = args.rdzv_endpoint  # inherited by the workers
     if fork:
         import ddplab.train  # noqa: F401  (imported once here; every forked worker inherits it)

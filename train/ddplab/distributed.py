@@ -19,6 +19,8 @@ import torch.distributed as dist
 from ddplab.checkpoint import CheckpointStore, ScanResult
 
 GLOO_ADDR_ENV = "DDPLAB_GLOO_ADDR"
+#: ddplab.agent's ``--rdzv-endpoint``, passed to its workers (ddplab.ft's replica store).
+RDZV_ENDPOINT_ENV = "DDPLAB_RDZV_ENDPOINT"
 # The backend name under which gloo bound to one address is registered (torch.distributed's
 # third-party backend interface, Backend.register_backend).
 BOUND_GLOO_BACKEND = "ddplab_gloo"

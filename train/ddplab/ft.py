@@ -40,8 +40,7 @@ from torchft import Manager, ProcessGroupGloo
 from torchft import Optimizer as OptimizerWrapper
 from torchft.checkpointing.pg_transport import PGTransport
 
-from ddplab.agent import RDZV_ENDPOINT_ENV
-from ddplab.distributed import GLOO_ADDR_ENV, bound_gloo
+from ddplab.distributed import GLOO_ADDR_ENV, RDZV_ENDPOINT_ENV, bound_gloo
 
 #: Set by torchrun in the worker's environment when the workers share the agent's store.
 AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
