@@ -22,10 +22,10 @@ export CONTAINERS_CONF := $(LAB_CONTAINERS_CONF)
 endif
 LAB := $(PYTHON) lab/lab.py
 
-.PHONY: help deps deps-test venv image lab-up lab-down lab-status demo test test-unit lint molecule doctor status logs stop reset report bench clean
+.PHONY: help deps deps-test venv image lab-up lab-down lab-status demo test test-unit lint molecule test-nodes5 doctor status logs stop reset report bench clean
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 deps: ## install the host packages the lab needs (podman, runc, debootstrap, ...) when missing
 	lab/host-deps.sh
@@ -100,6 +100,12 @@ molecule: venv image ## run the multi-node molecule scenarios ($(SCENARIOS))
 	set -e; for s in $(SCENARIOS); do \
 	  start=$$(date +%s); molecule test -s $$s; echo "molecule $$s: $$(( $$(date +%s) - start )) s"; \
 	done
+
+# Five lab laptops (N > 3) on this machine: elastic 1:5, poweroff of rank 0's node, rejoin, summary
+# and report for 5 hosts (molecule/nodes5). Not in SCENARIOS: it took 39 min on the shared 2-core
+# machine (load 14-33; docs/lab.md), and make test must stay within 45 min.
+test-nodes5: venv image ## molecule scenario nodes5: five laptops, elastic 1:5, poweroff + rejoin (not in make test)
+	$(MAKE) --no-print-directory molecule SCENARIOS=nodes5
 
 doctor: venv ## preflight checks alone, a table per node
 	ansible-playbook -i $(INVENTORY) doctor.yml
