@@ -138,3 +138,18 @@ def test_report_says_which_engine_ran(run):
     html = path.read_text()
     assert "Recoveries (engine per_step)" in html and "Participants (engine per_step)" in html
     assert "<th>participants</th>" in html
+
+
+def test_a_stop_ends_the_measurement_window(run):
+    """stop.yml after a freeze that was ridden out: the survivors' restart during the stop is no
+    recovery (seen in benchmarks/recovery.py: torchelastic freeze 30 s 'recovered' 111 s later)."""
+    run.start(ABC, T0 - 1)
+    run.steps(ABC, 1, 60, T0)
+    run.fault("freeze", "laptop-a", T0 + 9.5, rank=0, duration_s=30)
+    with (run.dir / "events.jsonl").open("a") as fh:
+        fh.write('{"time": %f, "kind": "stop"}\n' % (T0 + 60.5))
+    run.failure("laptop-b", T0 + 60.6, 1, 3, step=60)
+    run.start(["laptop-c"], T0 + 66.0, resumed_from_step=60, restart_count=1)
+    run.steps(["laptop-c"], 61, 62, T0 + 67.0)
+    (m,) = run.measures()
+    assert m.outcome == "continued" and m.recovered_s is None and m.restarts == 0

@@ -376,12 +376,19 @@ def _per_step(m: FaultMeasure, inj: Injection, recs: Sequence[Record],
     return _stall_and_slowdown(m, inj, recs, last_before, first_after_any)
 
 
+#: events.jsonl kind that stop.yml writes when it stops a running agent: no recovery after it counts.
+STOP_KIND = "stop"
+
+
 def measure_all(events: Iterable[Record], records: Sequence[Record]) -> list[FaultMeasure]:
     """One :class:`FaultMeasure` per fault injection in ``events``, oldest first; each sees the
-    records up to the next injection. Raises ValueError on a malformed fault event."""
+    records up to the next injection or ``kind: stop`` event (the restarts a stop causes are no
+    recovery from the fault). Raises ValueError on a malformed fault event."""
+    events = list(events)
     injs = injections(events)
-    return [measure(inj, records, injs[i + 1].time if i + 1 < len(injs) else None)
-            for i, inj in enumerate(injs)]
+    stops = [t for e in events if e.get("kind") == STOP_KIND and (t := num(e.get("time"))) is not None]
+    ends = sorted([i.time for i in injs] + stops)
+    return [measure(inj, records, next((t for t in ends if t > inj.time), None)) for inj in injs]
 
 
 def node_of_rank(records: Iterable[Record], rank: int) -> str | None:
