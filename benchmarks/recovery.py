@@ -182,6 +182,15 @@ def run_engine(a: argparse.Namespace, engine: str, plan: list[tuple[str, str, fl
                 )
             _await(a.inventory, run_id, a.nodes, extra, 300)
     finally:
+        # the measurement window of the last fault ends here, not when stop.yml records its stop
+        # after the agents have gone (their restarts while stopping are no recovery)
+        with open(a.runs_dir / run_id / "events.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(
+                json.dumps(
+                    {"time": round(time.time(), 3), "kind": faults.STOP_KIND, "by": "benchmarks/recovery.py"}
+                )
+                + "\n"
+            )
         play(a.inventory, "stop.yml", extra, "stop")
         play(a.inventory, "playbooks/collect.yml", [*extra, f"collect_run_id={run_id}"], "collect")
     out = {
@@ -193,6 +202,21 @@ def run_engine(a: argparse.Namespace, engine: str, plan: list[tuple[str, str, fl
     }
     print(f"run {run_id} ({engine}) done, load {out['load_end']}", flush=True)
     return out
+
+
+def remeasure(run_dir: Path) -> dict:
+    """A collected run's entry for :func:`table`, its faults measured again from its folder
+    (:func:`ddplab.faults.measure_all`); engine and run id from the folder, no load average."""
+    run = load_run(run_dir)
+    measures = faults.measure_all(load_events(run_dir), run.records)
+    engine = "per_step" if faults.is_per_step(run.records) else "torchelastic"
+    return {
+        "run_id": run.run_id,
+        "engine": engine,
+        "load_start": "?",
+        "load_end": "?",
+        "faults": [m.to_dict() for m in measures],
+    }
 
 
 def rows_of(run: dict) -> dict[str, dict]:
@@ -282,8 +306,22 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=None, help="raw figures (JSON); default runs/bench-recovery-<time>.json"
     )
     p.add_argument("-e", "--extra", action="append", default=[], help="extra var for every playbook")
+    p.add_argument(
+        "--table",
+        type=Path,
+        default=None,
+        help="print the table of an earlier run's JSON, each run's faults measured again from its folder",
+    )
     a = p.parse_args(argv)
     engines = [e for e in a.engines.split(",") if e]
+    if a.table is not None:
+        old = json.loads(a.table.read_text())["runs"]
+        again = [
+            {**remeasure(a.runs_dir / r["run_id"]), "load_start": r["load_start"], "load_end": r["load_end"]}
+            for r in old
+        ]
+        print(table(again, [e for e in engines if any(r["engine"] == e for r in again)]))
+        return 0
     if not engines or any(e not in ENGINES for e in engines):
         p.error(f"--engines {a.engines!r}: a comma-separated list of {', '.join(ENGINES)}")
     try:
