@@ -18,11 +18,11 @@ from testinfra.utils.ansible_runner import AnsibleRunner
 REPO = Path(__file__).resolve().parents[3]
 DEFAULTS = {
     role: yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text())
-    for role in ("cpu_governor", "power", "python_env", "wired_network", "wifi_powersave")
+    for role in ("ddp_lab", "cpu_governor", "power", "python_env", "wired_network", "wifi_powersave")
 }
 FACT_FILE = DEFAULTS["wired_network"]["wired_network_fact_file"]
 VENV_PY = f"{DEFAULTS['python_env']['python_env_prefix']}/bin/python"
-USER = DEFAULTS["python_env"]["ddp_lab_user"]
+USER = DEFAULTS["ddp_lab"]["ddp_lab_user"]
 
 
 def _inventory() -> str:
