@@ -369,3 +369,18 @@ def main() -> int:
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     sys.exit(main())
+
+
+def killed_and_restarted(service, port: int, state_dir: Path, timeout_s: float = 60.0) -> dict:
+    """SIGKILL the server process of a supervised controller service (``ddplab.controller.rdzv_store``
+    or ``.lighthouse``: a module with ``status(port, state_dir)``) and wait until its supervisor has
+    brought it back; returns the status then (the caller asserts on it)."""
+    import psutil
+
+    psutil.Process(service.status(port, state_dir)["server_pid"]).kill()
+    deadline = time.monotonic() + timeout_s
+    st = service.status(port, state_dir)
+    while time.monotonic() < deadline and not (st["restarts"] == 1 and st["answering"]):
+        time.sleep(0.5)
+        st = service.status(port, state_dir)
+    return st

@@ -13,15 +13,9 @@ import pytest
 import yaml
 from labharness import REPO, render_agent_launch
 
-
-def _load(name: str, path: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-fault_filters = _load("fault_filters", "roles/fault/filter_plugins/fault.py")
+fault_filters = importlib.util.module_from_spec(
+    importlib.util.spec_from_file_location("fault_filters", REPO / "roles/fault/filter_plugins/fault.py"))
+fault_filters.__spec__.loader.exec_module(fault_filters)
 
 AGENT = ["/opt/ddp-lab/venv/bin/python", "-m", "ddplab.agent"]
 # what both engines pass the same way: the node's own address, restarts, fork, logs, the program

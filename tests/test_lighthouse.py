@@ -4,7 +4,6 @@ supervisor it shares with the rendezvous store (ddplab.controller.supervisor).""
 import json
 import socket
 import sys
-import time
 from datetime import timedelta
 
 import psutil
@@ -84,12 +83,7 @@ def test_lighthouse_lifecycle(tmp_path, capsys):
         assert st["quorum_id"] == 1 and st["participants"] == [{"replica_id": "laptop-a", "step": 5}]
         assert "laptop-a" in st["heartbeats"]
         # the lighthouse dies: the supervisor brings it back (its quorum state is gone)
-        psutil.Process(first["server_pid"]).kill()
-        deadline = time.monotonic() + 60
-        st = lh.status(port, sd)
-        while time.monotonic() < deadline and not (st["restarts"] == 1 and st["answering"]):
-            time.sleep(0.5)
-            st = lh.status(port, sd)
+        st = h.killed_and_restarted(lh, port, sd)
         assert st["restarts"] == 1 and st["answering"], st
         assert st["server_pid"] != first["server_pid"] and st["quorum_id"] == 0
     finally:

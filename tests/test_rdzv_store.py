@@ -26,12 +26,7 @@ def test_store_lifecycle(tmp_path, capsys):
         assert rs.main(["start", "--host", "127.0.0.2", "--port", str(port), "--state-dir", str(sd)]) == 2
         assert "stop --port" in json.loads(capsys.readouterr().out)["error"]
         # the store process dies: the supervisor brings it back
-        psutil.Process(first["server_pid"]).kill()
-        deadline = time.monotonic() + 60
-        st = rs.status(port, sd)
-        while time.monotonic() < deadline and not (st["restarts"] == 1 and st["answering"]):
-            time.sleep(0.5)
-            st = rs.status(port, sd)
+        st = h.killed_and_restarted(rs, port, sd)
         assert st["restarts"] == 1 and st["answering"], st
         assert st["server_pid"] != first["server_pid"]
         assert (sd / f"store-{port}.log").read_text().count("TCPStore serving") == 2
