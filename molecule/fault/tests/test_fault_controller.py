@@ -38,7 +38,9 @@ def summary(run_dir):
 
 @pytest.fixture(scope="module")
 def trainers(run_dir):
-    return sorted(p.name for p in run_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+    from ddplab.controller.rundir import host_dirs  # the one reader's notion of a host's folder
+
+    return sorted(p.name for p in host_dirs(run_dir))
 
 
 @pytest.fixture(scope="module")
