@@ -62,6 +62,7 @@ def run_play(tmp_path, *extra):
      "fix: -e fault=<kill-worker|kill-agent|poweroff|freeze|partition|throttle|rejoin>"),
     (("fault=freeze", "node=ghost-a", "duration=-5"), "duration=-5 is not a number of seconds"),
     (("fault=freeze", "node=ghost-a", "duration=abc"), "duration=abc is not a number of seconds"),
+    (("fault=freeze", "node=ghost-a", "duration=0"), "duration=0 is not a number of seconds"),
     (("fault=kill-agent",), "name the target either by node (-e node=<inventory host>) or by rank"),
     (("fault=kill-agent", "node=ghost-a", "rank=0"), "not both"),
     (("fault=kill-agent", "node=laptop-z"), "node=laptop-z is not in the group 'trainers'"),
@@ -128,6 +129,14 @@ def test_progress_module_reports_ranks_and_a_recovery(tmp_path):
     assert (m["world_size_before"], m["world_size_after"], m["steps_lost"]) == (3, 2, 0)
     assert m["recovered_s"] == pytest.approx(7.0)
     assert res["timed_out"] is False
+
+
+def test_progress_module_in_check_mode_says_why_instead_of_crashing(tmp_path):
+    # kill-node.yml --check crashed with "list index out of range": command skips in check mode
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    res = run_module(tmp_path, {"python": sys.executable, "metrics_dir": metrics}, extra_vars=("--check",))
+    assert res.get("failed") and "the reading task needs check_mode: false" in res["msg"], res
 
 
 def test_progress_module_waits_then_says_the_job_ended(tmp_path):

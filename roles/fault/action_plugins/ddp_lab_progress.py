@@ -78,6 +78,10 @@ class ActionModule(ActionBase):
     def _read(self, argv: list[str], task_vars: dict) -> dict:
         """One ``ddplab.status --json`` document from the node; AnsibleError with its last error line."""
         res = self._execute_module("ansible.builtin.command", {"argv": argv}, task_vars=task_vars)
+        if res.get("skipped"):  # command does not run in check mode: the task must say check_mode: false
+            raise AnsibleError(
+                f"{' '.join(argv[:3])} was not run (check mode); the reading task needs check_mode: false"
+            )
         if res.get("unreachable") or res.get("failed") or res.get("rc") != 0:
             lines = (res.get("stderr") or res.get("msg") or "").strip().splitlines()
             raise AnsibleError(f"{' '.join(argv[:3])} failed on the node: {(lines or [res.get('rc')])[-1]}")
