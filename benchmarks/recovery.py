@@ -138,6 +138,29 @@ def parse_plan(text: str) -> list[tuple[str, str, float | None]]:
     return plan
 
 
+Plan = list[tuple[str, str, float | None]]
+
+
+def inject_plan(a: argparse.Namespace, extra: list[str], run_id: str, plan: Plan) -> None:
+    """Inject each fault of ``plan`` into the running ``run_id`` with ``kill-node.yml``; after a fault
+    that takes the node out (kill-agent, poweroff) a ``rejoin`` of that node; after each, wait until
+    every trainer trains at full size (``a.nodes``) again. BenchError when a play fails or the size
+    is not back within 300 s."""
+    for mode, target, duration in plan:
+        tgt = f"rank={target[4:]}" if target.startswith("rank") else f"node={target}"
+        args = [*extra, f"fault={mode}", tgt, f"run_id={run_id}"]
+        play(a.inventory, "kill-node.yml", args + ([f"duration={duration:g}"] if duration else []), mode)
+        if mode in LOST_AFTER:
+            node = faults.injections(load_events(a.runs_dir / run_id))[-1].node
+            play(
+                a.inventory,
+                "kill-node.yml",
+                [*extra, "fault=rejoin", f"node={node}", f"run_id={run_id}"],
+                f"rejoin after {mode}",
+            )
+        _await(a.inventory, run_id, a.nodes, extra, 300)
+
+
 def run_engine(a: argparse.Namespace, engine: str, plan: list[tuple[str, str, float | None]]) -> dict:
     """One run of ``engine`` through ``plan``: {run_id, engine, load_start, load_end, faults}."""
     extra = [*a.extra, f"ddp_job_fault_tolerance={engine}"]
@@ -168,19 +191,7 @@ def run_engine(a: argparse.Namespace, engine: str, plan: list[tuple[str, str, fl
     print(f"run {run_id} ({engine}) launched in {took:.0f} s, load {load_start}", flush=True)
     try:
         _await(a.inventory, run_id, a.nodes, extra, 600)
-        for mode, target, duration in plan:
-            tgt = f"rank={target[4:]}" if target.startswith("rank") else f"node={target}"
-            args = [*extra, f"fault={mode}", tgt, f"run_id={run_id}"]
-            play(a.inventory, "kill-node.yml", args + ([f"duration={duration:g}"] if duration else []), mode)
-            if mode in LOST_AFTER:
-                node = faults.injections(load_events(a.runs_dir / run_id))[-1].node
-                play(
-                    a.inventory,
-                    "kill-node.yml",
-                    [*extra, "fault=rejoin", f"node={node}", f"run_id={run_id}"],
-                    f"rejoin after {mode}",
-                )
-            _await(a.inventory, run_id, a.nodes, extra, 300)
+        inject_plan(a, extra, run_id, plan)
     finally:
         # the measurement window of the last fault ends here, not when stop.yml records its stop
         # after the agents have gone (their restarts while stopping are no recovery)
