@@ -1,6 +1,7 @@
-"""status.yml and logs.yml: the table of running / ended / failed / unreachable laptops, the
-filters that pick a worker's log and check logs.yml's input, and the playbooks end to end on local
-"laptops" (a fake systemctl gives each one's agent unit) with one unreachable laptop."""
+"""status.yml, logs.yml, attach.yml and stop.yml: the table of running / ended / failed /
+unreachable laptops, the filters that pick a worker's log, check logs.yml's input and find
+stop.yml's event, and the playbooks end to end on local "laptops" (a fake systemctl gives each
+one's agent unit) with one unreachable laptop."""
 
 from __future__ import annotations
 
@@ -188,6 +189,14 @@ def test_logs_input(node, rank, lines, problems):
 FAKE_SYSTEMCTL = """#!/bin/sh
 # systemctl show <unit> -p ...: the unit's state from $FAKE_UNITS/<unit>.show
 [ "$1" = show ] && [ -f "$FAKE_UNITS/$2.show" ] && exec cat "$FAKE_UNITS/$2.show"
+# systemctl stop <unit>: the time of the stop in <unit>.stopped_at, then the state torchrun leaves
+# after a SIGTERM (exit status 1: failed)
+if [ "$1" = stop ]; then
+  date +%s.%N > "$FAKE_UNITS/$2.stopped_at"; sleep 0.2
+  printf 'LoadState=loaded\nActiveState=failed\nSubState=failed\nResult=exit-code\nExecMainStatus=1\n' \
+    > "$FAKE_UNITS/$2.show"
+  exit 0
+fi
 echo "LoadState=not-found"
 """
 
@@ -383,3 +392,83 @@ def test_attach_follows_the_job_then_collects_and_reports(tmp_path):
     assert (run / "laptop-x" / "metrics" / "laptop-x-local0.jsonl").is_file()
     assert (run / "report.html").is_file()
     assert f"report: {run}/report.html" in text, text
+
+
+RUN_ID = "20261130-190000-abcd"
+
+
+@pytest.mark.parametrize("lines, expected", [
+    ("", {}),
+    (None, {}),
+    ('{"kind": "launch", "time": 1}\n{"kind": "stop", "time": 5, "hosts": ["a"]}\n',
+     {"kind": "stop", "time": 5, "hosts": ["a"]}),
+    # a resumed run: the stop of the earlier launch does not count
+    ('{"kind": "launch", "time": 1}\n{"kind": "stop", "time": 5}\n{"kind": "launch", "time": 9}\n', {}),
+    ('{"kind": "launch", "time": 1}\n{"kind": "fault", "time": 3}\n{"kind": "stop", "time": 5}\n{"kind": "st',
+     {"kind": "stop", "time": 5}),  # a torn last line is skipped
+    ('[1, 2]\nnot json\n{"kind": "stop", "time": 2}\n', {"kind": "stop", "time": 2}),
+])
+def test_stop_event_of_the_newest_launch(lines, expected):
+    assert filters.stop_event(lines) == expected
+
+
+def _stop_case(tmp_path: Path, states: dict[str, str]) -> tuple[Path, dict[str, str]]:
+    """_case without the unreachable laptop, with a fake pgrep (no training process left) and
+    journalctl, and the run's events.jsonl holding its launch."""
+    inv, env = _case(tmp_path, states)
+    data = json.loads(inv.read_text())
+    del data["all"]["children"]["trainers"]["hosts"]["laptop-off"]
+    inv.write_text(json.dumps(data))
+    for name, script in (("pgrep", "#!/bin/sh\nexit 1\n"), ("journalctl", FAKE_JOURNALCTL)):
+        (tmp_path / "bin" / name).write_text(script)
+        (tmp_path / "bin" / name).chmod(0o755)
+    launch = {"time": time.time() - 100, "kind": "launch", "run_id": RUN_ID, "hosts": sorted(states)}
+    (tmp_path / "runs" / RUN_ID / "events.jsonl").write_text(json.dumps(launch) + "\n")
+    return inv, env
+
+
+def _events(tmp_path: Path) -> list[dict]:
+    text = (tmp_path / "runs" / RUN_ID / "events.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines()]
+
+
+@pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
+def test_stop_records_the_stop_before_the_agents_stop_and_names_the_run(tmp_path):
+    """The stop event comes before the SIGTERM (the failure records it causes fall after it, so a
+    fault's window never ends on them); only nodes whose agent ran are named; the run is named in
+    the output; a second stop finds nothing running and records nothing."""
+    inv, env = _stop_case(tmp_path, {"laptop-run": "running", "laptop-end": "ended"})
+    out = _play(inv, env, "playbooks/stop.yml")  # stop.yml validates first: 127.0.0.1 is refused
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    stops = [e for e in _events(tmp_path) if e["kind"] == "stop"]
+    assert len(stops) == 1 and stops[0]["run_id"] == RUN_ID and stops[0]["hosts"] == ["laptop-run"], stops
+    stopped_at = float((tmp_path / "units" / "agent-laptop-run.stopped_at").read_text())
+    assert stops[0]["time"] <= stopped_at, (stops[0], stopped_at)
+    assert f"stopped run {RUN_ID} on laptop-run" in text, text
+    assert f"-e ddp_job_resume_run_id={RUN_ID}" in text, text
+
+    again = _play(inv, env, "playbooks/stop.yml")
+    text = again.stdout + again.stderr
+    assert again.returncode == 0, text
+    assert f"nothing was running (run {RUN_ID})" in text, text
+    assert len([e for e in _events(tmp_path) if e["kind"] == "stop"]) == 1
+
+
+@pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
+def test_attach_to_a_stopped_run_reports_it_stopped_not_failed(tmp_path):
+    """attach.yml after stop.yml: the agents' units failed on the SIGTERM, the run's events hold the
+    stop: the play says stopped, succeeds, and collect labels the run stopped."""
+    inv, env = _stop_case(tmp_path, {"laptop-x": "failed", "laptop-y": "failed"})
+    stop = {"time": time.time() - 10, "kind": "stop", "run_id": RUN_ID, "hosts": ["laptop-x", "laptop-y"]}
+    with open(tmp_path / "runs" / RUN_ID / "events.jsonl", "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(stop) + "\n")
+    runs = tmp_path / "runs"
+    out = _play(inv, env, "attach.yml", "ddp_job_watch_interval_s=1", f"collect_runs_dir={runs}",
+                f"report_runs_dir={runs}")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert f"run {RUN_ID} was stopped by stop.yml at" in text and "(laptop-x, laptop-y)" in text, text
+    assert "no agent finished" not in text and "journal lines of agent-laptop-x" not in text, text
+    summary = json.loads((runs / RUN_ID / "summary.json").read_text())
+    assert summary["outcome"] == "stopped", summary

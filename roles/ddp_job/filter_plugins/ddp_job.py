@@ -1,7 +1,9 @@
-"""Filters of the ddp_job role: which worker logs ``logs.yml`` shows, and the input it takes."""
+"""Filters of the ddp_job role: which worker logs ``logs.yml`` shows, the input it takes, and
+whether stop.yml stopped the run the watch followed."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -57,6 +59,29 @@ def logs_input_problems(node: Any, hosts: Iterable[str], rank: Any = None, lines
     return problems
 
 
+def stop_event(events_text: Any) -> dict[str, Any]:
+    """The ``kind: stop`` event stop.yml wrote for the run's newest launch, or {}.
+
+    ``events_text``: the text of ``runs/<run_id>/events.jsonl`` (one JSON object per line; '' or
+    None when the file is missing). A stop counts when it comes after the newest ``kind: launch``
+    line in file order (a resumed run's earlier stops do not); torn or foreign lines are skipped.
+    ddplab.controller.rundir.run_outcome labels the collected run "stopped" from the same event.
+    """
+    found: dict[str, Any] = {}
+    for line in str(events_text or "").splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(event, dict):
+            continue
+        if event.get("kind") == "launch":
+            found = {}
+        elif event.get("kind") == "stop":
+            found = event
+    return found
+
+
 class FilterModule:
     """The filters above, named ddp_job_*."""
 
@@ -65,4 +90,5 @@ class FilterModule:
             "ddp_job_local_ranks": local_ranks_of,
             "ddp_job_newest_stderr": newest_stderr,
             "ddp_job_logs_input_problems": logs_input_problems,
+            "ddp_job_stop_event": stop_event,
         }
