@@ -114,61 +114,71 @@ class ToyCluster:
     def log_path(self, i: int) -> Path:
         return self.workdir / f"agent{i}.jsonl"
 
-    def start(self) -> None:
+    def start(self, agents: list[int] | None = None) -> None:
+        """Start the store and the listed agents (default: all, behind one start barrier; listed
+        ones each without a barrier)."""
         rdzv_store.start("127.0.0.1", self.port, self.state_dir, wait_s=60)
+        if agents is None:
+            for i in range(self.nnodes):
+                self.start_agent(i, self.run_id, self.nnodes)
+        for i in agents or []:
+            self.start_agent(i)
+
+    def start_agent(self, i: int, barrier: str = "", barrier_nodes: int = 1) -> None:
+        """Start agent ``i``; it waits at start barrier ``barrier`` (default: one of its own, i.e.
+        no wait) for ``barrier_nodes`` agents."""
         conf = ",".join(["is_host=false", *(f"{k}={v}" for k, v in self.conf.items())])
-        for i in range(self.nnodes):
-            env = dict(
-                os.environ,
-                TOY_LOG=str(self.log_path(i)),
-                GLOO_SOCKET_IFNAME="lo",
-                OMP_NUM_THREADS="1",
-                PYTHONUNBUFFERED="1",
-                LOGLEVEL="INFO",
-                PYTHONPATH=os.pathsep.join(
-                    p for p in (str(REPO / "train"), os.environ.get("PYTHONPATH")) if p
-                ),
-                DDPLAB_AGENT_BARRIER=self.run_id,
-                DDPLAB_AGENT_BARRIER_NODES=str(self.nnodes),
-            )
-            env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
-            if self.share_disabled:
-                env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-            cmd = [
-                sys.executable,
-                "-m",
-                "ddplab.agent",
-                "--nnodes",
-                f"1:{self.nnodes}",
-                "--nproc-per-node",
-                "1",
-                "--rdzv-backend",
-                "c10d",
-                "--rdzv-endpoint",
-                f"127.0.0.1:{self.port}",
-                "--rdzv-id",
-                self.run_id,
-                "--rdzv-conf",
-                conf,
-                "--local-addr",
-                "127.0.0.1",
-                "--max-restarts",
-                "5",
-                "--monitor-interval",
-                "0.5",
-                str(WORKER),
-            ]
-            with open(self.workdir / f"agent{i}.out", "wb") as out:
-                self.agents.append(
-                    subprocess.Popen(
-                        cmd,
-                        env=env,
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        stdin=subprocess.DEVNULL,
-                        start_new_session=True,
-                    )
+        env = dict(
+            os.environ,
+            TOY_LOG=str(self.log_path(i)),
+            GLOO_SOCKET_IFNAME="lo",
+            OMP_NUM_THREADS="1",
+            PYTHONUNBUFFERED="1",
+            LOGLEVEL="INFO",
+            PYTHONPATH=os.pathsep.join(
+                p for p in (str(REPO / "train"), os.environ.get("PYTHONPATH")) if p
+            ),
+            DDPLAB_AGENT_BARRIER=barrier or f"{self.run_id}-{i}",
+            DDPLAB_AGENT_BARRIER_NODES=str(barrier_nodes),
+        )
+        env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
+        if self.share_disabled:
+            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        cmd = [
+            sys.executable,
+            "-m",
+            "ddplab.agent",
+            "--nnodes",
+            f"1:{self.nnodes}",
+            "--nproc-per-node",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{self.port}",
+            "--rdzv-id",
+            self.run_id,
+            "--rdzv-conf",
+            conf,
+            "--local-addr",
+            "127.0.0.1",
+            "--max-restarts",
+            "5",
+            "--monitor-interval",
+            "0.5",
+            str(WORKER),
+        ]
+        with open(self.workdir / f"agent{i}.out", "ab") as out:
+            self.agents.append(
+                subprocess.Popen(
+                    cmd,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
                 )
+            )
 
     def latest(self, i: int) -> dict | None:
         recs = [r for r in read_log(self.log_path(i)) if r.get("event") == "step"]

@@ -34,6 +34,20 @@ Workers learn the rendezvous endpoint: the agent sets ``DDPLAB_RDZV_ENDPOINT`` t
 NODE_ADDR:PORT --rdzv-conf is_host=true``) that store, hosted by this agent on a fixed port, is the
 replica's store where the peers meet (ddplab.ft); torchrun's worker store is on a random port.
 
+Membership watch (``--rdzv-backend c10d`` with ``--nnodes MIN:MAX``, MAX > 1): the agent uses
+torch's own c10d rendezvous handler under the backend name ``ddplab-c10d``
+(:class:`MembershipWatchedHandler`), which adds one check to the agent's monitor loop. torch's
+agent restarts its workers for a membership change only when nodes wait for the next round
+(``num_nodes_waiting``). An agent starved past the heartbeat window (keep_alive_interval x
+keep_alive_max_attempt) is dropped from the store's state by the other agents; if it was the last
+participant of its round they open the next round and form a group without it, while its own
+workers, healthy at world size 1, go on training alone (seen under load > 19). The watch compares
+the round the agent joined with the store's current round at every monitor interval; when the
+round moved on, the agent reports a node waiting, so torch restarts its workers and it joins the
+next round like any newcomer (the others then re-form the group with it). An agent dropped from a
+round that still goes on (its workers are in that round's group) only logs it: it re-joins at the
+next membership change.
+
 Exit status: torchrun's (0 when the workers finished; 1 with torchrun's error report otherwise);
 2 for a bad barrier setting (nothing started).
 """
@@ -54,6 +68,8 @@ BARRIER_PREFIX = "ddplab/start-barrier/"
 WORKER_MODULE = "ddplab.train"
 #: Start methods under which the workers are forked from this process.
 FORK_START_METHODS = ("fork",)
+#: torch's c10d rendezvous with the membership watch (:class:`MembershipWatchedHandler`).
+WATCHED_BACKEND = "ddplab-c10d"
 
 
 def _log(msg: str) -> None:
@@ -81,6 +97,103 @@ def barrier(
         time.sleep(poll_s)
         arrived = store.add(key, 0)
     return arrived, time.monotonic() - start
+
+
+class MembershipWatchedHandler:
+    """torch's c10d rendezvous handler (``DynamicRendezvousHandler``) with a membership watch.
+
+    Every call is torch's, except :meth:`num_nodes_waiting` (called by torch's agent once per
+    monitor interval while its workers are healthy): it also returns 1 when the store's rendezvous
+    state has moved to another round than the one this node joined, i.e. the other agents dropped
+    this node (its heartbeats expired) and re-formed the group without it. torch's agent then
+    restarts its workers and re-joins (a membership change: no ``--max-restarts`` used).
+
+    ``inner``: the handler torch's ``c10d`` backend creates. Raises RuntimeError when it lacks the
+    rendezvous state of torch's DynamicRendezvousHandler (``_state_holder``/``_this_node``; torch
+    2.13's layout), rather than run without the watch.
+    """
+
+    def __init__(self, inner: Any, backend: str = "") -> None:
+        if not (hasattr(inner, "_state_holder") and hasattr(inner, "_this_node")):
+            raise RuntimeError(f"ddplab.agent: the rendezvous handler {type(inner).__name__} has no "
+                               "rendezvous state to watch (needs torch's DynamicRendezvousHandler)")
+        self._inner = inner
+        self._backend = backend or WATCHED_BACKEND
+        self.joined_round: int | None = None
+        self._warned_round: int | None = None
+
+    def get_backend(self) -> str:
+        """The backend name it was created under (``ddplab-c10d``)."""
+        return self._backend
+
+    @property
+    def use_agent_store(self) -> bool:
+        return self._inner.use_agent_store
+
+    def next_rendezvous(self) -> Any:
+        """torch's next_rendezvous; remembers the round joined. Returns torch's RendezvousInfo."""
+        info = self._inner.next_rendezvous()
+        self.joined_round = self._inner._state_holder.state.round
+        return info
+
+    def membership(self) -> tuple[int, bool]:
+        """``(current round, this node is among its participants)`` in the state last synced."""
+        state = self._inner._state_holder.state
+        return state.round, self._inner._this_node in state.participants
+
+    def num_nodes_waiting(self) -> int:
+        """Nodes waiting for the next round (torch's count, which syncs the state and drops
+        nodes whose heartbeats expired), or 1 when the rendezvous moved past the joined round."""
+        waiting = self._inner.num_nodes_waiting()
+        if waiting or self.joined_round is None:
+            return waiting
+        current, member = self.membership()
+        if current != self.joined_round:
+            _log(f"membership watch: this node trains in rendezvous round {self.joined_round} but the "
+                 f"store is at round {current} without it (its heartbeats expired); re-joining")
+            return 1
+        if not member and self._warned_round != current:
+            self._warned_round = current
+            _log(f"membership watch: dropped from the participants of round {current} (heartbeats "
+                 "expired) while its workers stay in that round's group; re-joins at the next change")
+        return 0
+
+    def is_closed(self) -> bool:
+        return self._inner.is_closed()
+
+    def set_closed(self) -> None:
+        self._inner.set_closed()
+
+    def get_run_id(self) -> str:
+        return self._inner.get_run_id()
+
+    def shutdown(self) -> bool:
+        return self._inner.shutdown()
+
+
+def _create_watched_handler(params: Any) -> MembershipWatchedHandler:
+    """Rendezvous handler creator for ``ddplab-c10d``: torch's c10d handler, watched."""
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
+    backend, store = create_backend(params)
+    return MembershipWatchedHandler(create_handler(store, backend, params), params.backend)
+
+
+def watch_membership(args: argparse.Namespace) -> bool:
+    """Switch torchrun's parsed ``args`` from ``c10d`` to the watched ``ddplab-c10d`` backend
+    when more than one node may join (``--nnodes`` MAX > 1; not under ``--standalone``).
+
+    Registers the backend with torch's rendezvous registry (once). Returns True when switched.
+    """
+    import torch.distributed.run as torchrun
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry as registry
+
+    if args.standalone or args.rdzv_backend != "c10d" or torchrun.parse_min_max_nnodes(args.nnodes)[1] < 2:
+        return False
+    registry.register(WATCHED_BACKEND, _create_watched_handler)  # idempotent for the same creator
+    args.rdzv_backend = WATCHED_BACKEND
+    return True
 
 
 def forks_worker(args: argparse.Namespace) -> bool:
@@ -162,10 +275,14 @@ def main(argv: list[str] | None = None) -> int:
             _log(
                 f"start barrier {token}: only {arrived}/{nodes} agents after {waited:.0f} s; starting anyway"
             )
+    if watch_membership(args):
+        _log(f"rendezvous {WATCHED_BACKEND}: torch's c10d with the membership watch")
     if fork:
         run_forked(args)
     else:
-        torchrun.main(argv)
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        record(torchrun.run)(args)  # torchrun.main(argv) with the watched backend
     return 0
 
 
