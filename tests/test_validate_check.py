@@ -3,7 +3,9 @@ each, and the one-line messages the bad-input matrices assert."""
 
 from __future__ import annotations
 
+import base64
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -157,3 +159,287 @@ def test_port_free_held_foreign_store_and_own_service():
     assert another_inventory["status"] == "fail" and not another_inventory["up"]
     assert _port("store", -1, number="x")["detail"].startswith(
         "controller: TCP port x: rendezvous_port is not a TCP port number")
+
+
+# --------------------------------------------------------------------------- the inventory's shape
+
+def test_trainers_and_rendezvous_hosts():
+    assert vc.trainers("localhost", ["a", "b"], "trainers", "inv.yml") == {
+        "check": "trainers", "status": "ok", "detail": "2 trainer(s): a, b"}
+    none = vc.trainers("localhost", [], "trainers", "inv.yml")
+    assert none["status"] == "fail" and none["detail"] == (
+        "inventory inv.yml: no host in the group 'trainers'; fix: list the laptops under"
+        " all.children.trainers.hosts (see inventory/laptops/hosts.yml)")
+    assert vc.rendezvous("localhost", ["controller"], "rendezvous", "inv.yml")["detail"] == (
+        "rendezvous host controller")
+    two = vc.rendezvous("localhost", ["c", "d"], "rendezvous", "inv.yml")
+    assert two["status"] == "fail" and two["detail"].startswith(
+        "inventory inv.yml: 2 rendezvous hosts (c, d); fix: put exactly one host in the group 'rendezvous'"
+        " with rendezvous_address set")
+    assert vc.rendezvous("localhost", [], "rendezvous", "inv.yml")["detail"].startswith(
+        "inventory inv.yml: no rendezvous host; fix:")
+
+
+TARGETS = {"t-a": "192.0.2.11", "t-b": "192.0.2.12"}
+
+
+@pytest.mark.parametrize(("address", "start"), [
+    ("", "c: rendezvous_address '' is not an IPv4 address; fix: set it to the address the trainers reach"),
+    (None, "c: rendezvous_address '' is not an IPv4 address"),
+    ("ctl.lan", "c: rendezvous_address 'ctl.lan' is not an IPv4 address"),
+    (" 192.0.2.10", "c: rendezvous_address ' 192.0.2.10' is not an IPv4 address"),
+    ("300.0.0.1", "c: rendezvous_address '300.0.0.1' is not an IPv4 address"),
+    ("127.0.1.1", "c: rendezvous_address 127.0.1.1 is a loopback address: every trainer would dial itself"
+                  " instead of the store; fix: set it to the controller's address on the laptops' wired LAN"),
+    ("192.0.2.12", "c: rendezvous_address 192.0.2.12 is the address of trainer t-b: the store would live on"
+                   " a laptop whose loss ends the job; fix: use the controller's LAN address"),
+])
+def test_rendezvous_address_problems(address, start):
+    rec = vc.rendezvous_address("localhost", "c", address, TARGETS)
+    assert rec["status"] == "fail" and rec["detail"].startswith(start), rec
+
+
+def test_rendezvous_address_ok():
+    assert vc.rendezvous_address("localhost", "c", "192.0.2.10", TARGETS) == {
+        "check": "rendezvous_address", "status": "ok", "detail": "c at 192.0.2.10"}
+
+
+def test_unique_hosts_and_names():
+    assert vc.unique_hosts("localhost", TARGETS)["detail"] == "every trainer has its own ansible_host"
+    same = vc.unique_hosts("localhost", {"a": "192.0.2.11", "A": "192.0.2.11", "b": "b"})
+    assert same == {"check": "unique_hosts", "status": "fail", "detail": (
+        "a and A share 192.0.2.11 as ansible_host: one machine would run two agents;"
+        " fix: give each trainer its own address (or remove the duplicate)")}
+    assert vc.unique_names("localhost", ["a", "b"])["status"] == "ok"
+    case = vc.unique_names("localhost", ["laptop-a", "Laptop-A"])
+    assert case["status"] == "fail" and case["detail"] == (
+        "trainers laptop-a, Laptop-A: two names differ only in letter case, which collide in"
+        " runs/<run_id>/<host>/; fix: rename one")
+
+
+# --------------------------------------------------------------------------- the controller's dataset
+
+SUM = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+URL = "https://example.org/input.txt"
+
+
+def _dataset(src="", stat=None, sha=SUM):
+    return vc.dataset("localhost", sha, src, "/cache/input.txt", URL, stat or {"exists": False})
+
+
+def test_dataset_ok_cached_and_not_cached_yet():
+    good = {"exists": True, "isreg": True, "checksum": SUM}
+    assert _dataset(stat=good)["detail"] == "/cache/input.txt: sha256 matches"
+    assert _dataset(src="/d/in.txt", stat=good)["detail"] == "/d/in.txt: sha256 matches"
+    assert _dataset() == {"check": "dataset", "status": "ok", "detail": (
+        f"not cached yet: the job downloads {URL} and checks its sha256")}
+
+
+def test_dataset_problems():
+    assert _dataset(sha="ABC")["detail"] == (
+        "controller: ddp_job_dataset_sha256 'ABC' is not a sha256 (64 lowercase hex digits);"
+        " fix: set it to the dataset's checksum (sha256sum FILE)")
+    assert _dataset(src="/d/nope.txt")["detail"] == (
+        "controller: the dataset ddp_job_dataset_src=/d/nope.txt does not exist; fix: point"
+        f' ddp_job_dataset_src at a copy of the dataset (or set it to "" to download {URL})')
+    folder = _dataset(src="/d", stat={"exists": True, "isreg": False})
+    assert folder["status"] == "fail"
+    assert folder["detail"].startswith("controller: the dataset /d is not a file")
+    bad = {"exists": True, "isreg": True, "checksum": "0" * 64}
+    assert _dataset(src="/d/in.txt", stat=bad)["detail"] == (
+        f"controller: the dataset /d/in.txt has sha256 {'0' * 64}, expected {SUM} (ddp_job_dataset_sha256);"
+        " fix: point ddp_job_dataset_src at an intact copy (or set ddp_job_dataset_sha256 to the checksum of"
+        " the dataset you mean)")
+    assert "fix: delete this cached copy to download it again" in _dataset(stat=bad)["detail"]
+
+
+# --------------------------------------------------------------------------- one trainer's settings
+
+SPECS = {"ddp_job": {"argument_specs": {"main": {"options": {
+    "ddp_job_max_restarts": {"type": "int", "default": 3}}}}}}
+
+
+def test_types_one_record_per_error_or_one_ok():
+    assert vc.types("t-a", [], SPECS, 4) == [{"check": "types", "status": "ok", "detail": (
+        "4 setting(s) given; their types match the roles' argument specs")}]
+    (bad,) = vc.types("t-a", ["argument 'ddp_job_max_restarts' is of type str"], SPECS, 1)
+    assert bad["status"] == "fail" and bad["name"] == "ddp_job_max_restarts"
+    assert bad["detail"].startswith(
+        "t-a: ddp_job_max_restarts: argument 'ddp_job_max_restarts' is of type str;"
+        " fix: give ddp_job_max_restarts a int (roles/ddp_job/README.md)")
+
+
+def test_ranges_one_record_per_violation_or_one_ok():
+    rules = [{"name": "rendezvous_port", "min": 1024, "max": 65535},
+             {"name": "ddp_job_stop_timeout_s", "above": 0}]
+    assert vc.ranges("t-a", {"rendezvous_port": 29400}, rules) == [{"check": "ranges", "status": "ok",
+        "detail": "ports in 1024-65535; timeouts, intervals and counts in range"}]
+    found = vc.ranges("t-a", {"rendezvous_port": 80, "ddp_job_stop_timeout_s": 0}, rules)
+    assert [r["detail"] for r in found] == [
+        "t-a: rendezvous_port = 80 must be >= 1024 and <= 65535;"
+        " fix: correct it in the inventory, group_vars or -e",
+        "t-a: ddp_job_stop_timeout_s = 0 must be > 0; fix: correct it in the inventory, group_vars or -e"]
+    assert vc.ranges("t-a", {"rendezvous_port": "x"}, rules, ["rendezvous_port"])[0]["status"] == "ok"
+
+
+def test_train_config_by_the_training_programs_rules():
+    assert vc.train_config("t-a", SUM, {}, preset="tiny") == {
+        "check": "train_config", "status": "ok", "detail": "run.json accepted by ddplab.config"}
+    bad = vc.train_config("t-a", SUM, {"per_rank_batch_size": 0})
+    assert bad["status"] == "fail" and bad["detail"].startswith(
+        "t-a: the training program refuses the run configuration: config key 'per_rank_batch_size' = 0:")
+    assert bad["detail"].endswith("(keys and ranges: python -m ddplab.train --help, docs/training.md)")
+    assert vc.train_config("t-a", SUM, None, max_steps=0)["status"] == "fail"
+
+
+def test_governor_and_torch_version():
+    known = ["performance", "powersave", "schedutil"]
+    assert vc.governor("t-a", "performance", known)["detail"] == "cpu_governor_governor performance"
+    assert vc.governor("t-a", "turbo", known) == {"check": "governor", "status": "fail", "detail": (
+        "t-a: cpu_governor_governor 'turbo' is not a Linux cpufreq governor; fix: use one of performance,"
+        " powersave, schedutil (usually performance)")}
+    for good in ("2.13.0", "2.13", "2.13.0+cpu", "2.14.0rc1", 2.13):
+        assert vc.torch_version("t-a", good)["status"] == "ok", good
+    assert vc.torch_version("t-a", "2.13.0")["detail"] == "python_env_torch_version 2.13.0"
+    for bad in ("torch==2.13.0", "latest", "2", "2.13.0\n"):
+        rec = vc.torch_version("t-a", bad)
+        assert rec["status"] == "fail" and rec["detail"].startswith(
+            f"t-a: python_env_torch_version '{bad}' is not a version (like 2.13.0); fix:"), bad
+
+
+# --------------------------------------------------------------------------- on the node
+
+SHOW_OK = ("LoadState=loaded\nExecStart={ path=/opt/v/bin/python ; argv[]=/opt/v/bin/python -m ddplab.agent"
+           " --nnodes 1:3 --local-addr 10.89.0.11 --rdzv-endpoint 10.89.0.1:29400 ddplab.train ;"
+           " ignore_errors=no }\nEnvironment=GLOO_SOCKET_IFNAME=eth0 DDPLAB_GLOO_ADDR=10.89.0.11\n")
+SHOW_NAMES = SHOW_OK.replace("10.89.0.11 --rdzv", "laptop-a --rdzv").replace("10.89.0.1:29400", "ctl:29400")
+SHOW_NONE = "LoadState=not-found\nExecStart=\nEnvironment=\n"
+ROUTE = {"dev": "eth0", "src": "10.89.0.11"}
+
+
+def test_reachable_answers_or_not():
+    assert vc.reachable("n0", {"hostname": "laptop-a", "system": "Linux"}) == {
+        "check": "reachable", "status": "ok", "detail": "answers: laptop-a, Linux"}
+    assert vc.reachable("n0", {"hostname": "a", "distribution": "Ubuntu", "system": "Linux"})["detail"] == (
+        "answers: a, Ubuntu")
+    down = vc.reachable("n0", None, "Failed to connect to the host via ssh: timed out\n")
+    assert down["status"] == "fail" and down["detail"] == (
+        "n0 does not answer (Failed to connect to the host via ssh: timed out); fix: power it on,"
+        " plug it into the switch and check ansible_host / SSH access")
+
+
+def test_hosts_file_loopback_name_is_a_warning():
+    ok = vc.hosts_file("n0", "laptop-a", ["10.89.0.11"], ROUTE, "10.89.0.1", 29400, SHOW_NONE)
+    assert ok == {"check": "hosts_file", "status": "ok", "detail": "laptop-a resolves to 10.89.0.11"}
+    assert vc.hosts_file("n0", "laptop-a", [], ROUTE, "10.89.0.1", 29400, "")["detail"] == (
+        "laptop-a resolves to nothing (not needed: ddp-lab passes addresses)")
+    warn = vc.hosts_file("n0", "laptop-a", ["127.0.1.1"], ROUTE, "10.89.0.1", 29400, SHOW_OK)
+    assert warn["status"] == "warn"
+    assert warn["detail"].startswith(
+        "n0: its hostname laptop-a resolves to 127.0.1.1 (loopback: the '127.0.1.1"
+        " <hostname>' line Ubuntu writes to /etc/hosts)")
+    assert ("torchrun --local-addr 10.89.0.11, GLOO_SOCKET_IFNAME=eth0 and --rdzv-endpoint 10.89.0.1:29400"
+            " (as the last launch on this node did: --local-addr 10.89.0.11, GLOO_SOCKET_IFNAME=eth0,"
+            " --rdzv-endpoint 10.89.0.1:29400); nothing to fix") in warn["detail"]
+    never = vc.hosts_file("n0", "laptop-a", ["127.0.1.1"], ROUTE, "10.89.0.1", 29400, SHOW_NONE)
+    assert "10.89.0.1:29400; nothing to fix" in never["detail"]
+
+
+def test_launch_explicit_names_or_none_yet():
+    assert vc.launch("n0", SHOW_NONE) == {"check": "launch", "status": "skip", "detail": (
+        "no agent launched on this node yet; ddp_job passes --local-addr, GLOO_SOCKET_IFNAME and an IP"
+        " --rdzv-endpoint")}
+    assert vc.launch("n0", SHOW_OK) == {"check": "launch", "status": "ok", "detail": (
+        "last launch: --local-addr 10.89.0.11, GLOO_SOCKET_IFNAME=eth0, --rdzv-endpoint 10.89.0.1:29400")}
+    names = vc.launch("n0", SHOW_NAMES)
+    assert names["status"] == "warn" and names["detail"] == (
+        "n0: the last agent launch passed no explicit address (--local-addr laptop-a,"
+        " GLOO_SOCKET_IFNAME=eth0, --rdzv-endpoint ctl:29400), so gloo may have used the hostname's"
+        " (loopback) address; fix: launch"
+        " with ddp-lab (site.yml or playbooks/train.yml), which passes them")
+    for change in (("10.89.0.11 --rdzv", "127.0.0.1 --rdzv"),
+                   ("GLOO_SOCKET_IFNAME=eth0", "GLOO_SOCKET_IFNAME=lo"), ("GLOO_SOCKET_IFNAME=eth0 ", "")):
+        assert vc.launch("n0", SHOW_OK.replace(*change))["status"] == "warn", change
+
+
+def test_unique_address_and_name_across_the_play():
+    addresses = {"a": "10.89.0.11", "b": "10.89.0.11", "c": "10.89.0.13", "d": ""}
+    shared = vc.unique_address("a", addresses)
+    assert shared == {"check": "unique_address", "status": "fail", "detail": (
+        "a and b share the address 10.89.0.11 towards the rendezvous host (cloned machines or a static IP"
+        " used twice); gloo cannot tell them apart; fix: give each laptop its own address"
+        " (DHCP reservation)")}
+    assert vc.unique_address("c", addresses)["detail"] == "10.89.0.13 is this node's alone"
+    names = {"a": "ubuntu", "b": "ubuntu", "c": "laptop-c"}
+    same = vc.unique_name("b", names)
+    assert same["status"] == "warn" and same["detail"] == (
+        "b and a share the hostname ubuntu: their records in the metrics (field host) look alike;"
+        " fix: sudo hostnamectl set-hostname <unique name>")
+    assert vc.unique_name("c", names) == {"check": "unique_name", "status": "ok",
+                                          "detail": "hostname laptop-c is unique"}
+
+
+def _comm(name: str) -> dict:
+    return {"content": base64.b64encode(f"{name}\n".encode()).decode()}
+
+
+def test_dpkg_lock_free_waited_and_held():
+    assert vc.dpkg_lock("n0", [], [], 1, 5, 600, True) == {
+        "check": "dpkg_lock", "status": "ok", "detail": "apt/dpkg locks free"}
+    assert vc.dpkg_lock("n0", [], [], 3, 5, 600, True)["detail"] == "apt/dpkg locks free (waited 10.0 s)"
+    holders = [{"path": "/var/lib/dpkg/lock-frontend", "pid": 812},
+               {"path": "/var/lib/dpkg/lock", "pid": 813}]
+    held = vc.dpkg_lock("n0", holders, [_comm("unattended-upgr"), {"failed": True}], 121, 5, 600, True)
+    assert held == {"check": "dpkg_lock", "status": "fail", "detail": (
+        "n0: apt/dpkg is busy: unattended-upgr (pid 812) holds /var/lib/dpkg/lock-frontend; ? (pid 813) holds"
+        " /var/lib/dpkg/lock and did not finish within validate_dpkg_lock_wait_s=600 s; fix: let it finish"
+        " (after boot unattended-upgrades runs for a while: systemctl status unattended-upgrades)"
+        " and run again")}
+    doctor = vc.dpkg_lock("n0", holders[:1], [_comm("apt-get")], 1, 5, 600, False)
+    assert doctor["status"] == "warn"
+    assert ("apt-get (pid 812) holds /var/lib/dpkg/lock-frontend (the provisioning waits up to 600 s"
+            " for it);") in doctor["detail"]
+
+
+# --------------------------------------------------------------------------- the plugin's dispatch
+
+def test_the_plugin_runs_every_check_by_name_and_reads_peers_from_hostvars():
+    action = vc.ActionModule.__new__(vc.ActionModule)
+    task_vars = {"inventory_hostname": "a", "ansible_play_hosts": ["a", "b"],
+                 "hostvars": {"a": {"__validate_address": "10.0.0.1", "__validate_hostname": "x"},
+                              "b": {"__validate_address": "10.0.0.1", "__validate_hostname": "y"}}}
+    assert action._one("unique_address", {}, task_vars)["status"] == "fail"
+    assert action._one("unique_name", {}, task_vars)["status"] == "ok"
+    governor = {"governor": "performance", "known": ["performance"]}
+    assert action._one("governor", governor, task_vars)["status"] == "ok"
+    assert isinstance(action._one("ranges", {"values": {}, "rules": []}, task_vars), list)
+    with pytest.raises(vc.AnsibleActionFail, match="unknown check 'nope'"):
+        action._one("nope", {}, task_vars)
+    with pytest.raises(TypeError):
+        action._one("governor", {"governor": "performance"}, task_vars)
+
+
+def test_validate_tasks_build_no_record_in_jinja():
+    """Every check record comes from the plugin: no ``{% %}`` block in roles/validate/tasks."""
+    tasks = PATH.parents[1] / "tasks"
+    blocks = {p.name: p.read_text().count("{%") for p in sorted(tasks.glob("*.yml"))}
+    assert not any(blocks.values()), blocks
+
+
+SHARED = ("ddp_job_fault_tolerance", "ddp_job_ft_manager_port", "ddp_job_ft_store_port")
+
+
+def test_shared_engine_settings_have_one_home():
+    """The recovery engine and its per_step ports are defined in roles/ddp_lab only, and no role
+    reads them with a fall-back of its own."""
+    import yaml
+
+    roles = PATH.parents[2]
+    for name in SHARED:
+        homes = [p.parent.parent.name for p in roles.glob("*/defaults/main.yml")
+                 if name in (yaml.safe_load(p.read_text()) or {})]
+        assert homes == ["ddp_lab"], (name, homes)
+        own = re.compile(rf"(?<![.\w]){name} \| default\(")  # not hostvars[...].name | default(name)
+        fallbacks = [str(p.relative_to(roles)) for p in roles.rglob("*") if p.suffix in (".yml", ".j2", ".py")
+                     and own.search(p.read_text())]
+        assert not fallbacks, (name, fallbacks)

@@ -28,6 +28,7 @@ ddp_job's preflight, so each check exists once.
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import json
 import re
@@ -279,12 +280,294 @@ def port(what: str, host: str, address: str, number: Any, rc: int, state: Mappin
     return rec
 
 
+# ---- the inventory's shape (tasks/inventory.yml, on the controller) ------------------------------
+LAPTOPS_EXAMPLE = "see inventory/laptops/hosts.yml"
+
+
+def trainers(host: str, trainers: Sequence[str], group: str, sources: str) -> dict:
+    """At least one host in the trainers group (``trainers``: its hosts; ``sources``: the
+    inventory files, for the message)."""
+    problem = None if trainers else (
+        f"inventory {sources}: no host in the group '{group}'; fix: list the laptops under"
+        f" all.children.{group}.hosts ({LAPTOPS_EXAMPLE})")
+    return record("trainers", problem, f"{len(trainers)} trainer(s): {', '.join(trainers)}")
+
+
+def rendezvous(host: str, hosts: Sequence[str], group: str, sources: str) -> dict:
+    """Exactly one host in the rendezvous group (``hosts``)."""
+    if len(hosts) == 1:
+        return record("rendezvous", None, f"rendezvous host {hosts[0]}")
+    found = f"{len(hosts)} rendezvous hosts ({', '.join(hosts)})" if hosts else "no rendezvous host"
+    return record("rendezvous", (
+        f"inventory {sources}: {found}; fix: put exactly one host in the group '{group}' with"
+        " rendezvous_address set (the controller by default: ansible_connection: local,"
+        f" {LAPTOPS_EXAMPLE})"), "")
+
+
+def rendezvous_address(host: str, rendezvous_host: str, address: Any, targets: Mapping[str, str]) -> dict:
+    """The rendezvous host's ``rendezvous_address``: an IPv4 address, not loopback, not a trainer's
+    (``targets``: ``{trainer: ansible_host or name}``)."""
+    address = "" if address is None else str(address)
+    where = f"{rendezvous_host}: rendezvous_address"
+    if not _filters.is_ipv4(address):
+        problem = (f"{where} '{address}' is not an IPv4 address; fix: set it to the address the trainers"
+                   " reach this host at on the wired LAN")
+    elif _filters.is_loopback(address):
+        problem = (f"{where} {address} is a loopback address: every trainer would dial itself instead of the"
+                   " store; fix: set it to the controller's address on the laptops' wired LAN")
+    elif address in targets.values():
+        trainer = next(t for t, a in targets.items() if a == address)
+        problem = (f"{where} {address} is the address of trainer {trainer}: the store would live on a laptop"
+                   " whose loss ends the job; fix: use the controller's LAN address")
+    else:
+        problem = None
+    return record("rendezvous_address", problem, f"{rendezvous_host} at {address}")
+
+
+def unique_hosts(host: str, targets: Mapping[str, str]) -> dict:
+    """Every trainer a different machine (``targets`` as in :func:`rendezvous_address`)."""
+    shared = _filters.shared_values(dict(targets))
+    problem = None if not shared else (
+        f"{'; '.join(shared)} as ansible_host: one machine would run two agents;"
+        " fix: give each trainer its own address (or remove the duplicate)")
+    return record("unique_hosts", problem, "every trainer has its own ansible_host")
+
+
+def unique_names(host: str, trainers: Sequence[str]) -> dict:
+    """Trainer names that differ in more than letter case (they name folders: runs/<run_id>/<host>/)."""
+    problem = None if len({t.lower() for t in trainers}) == len(trainers) else (
+        f"trainers {', '.join(trainers)}: two names differ only in letter case, which collide in"
+        " runs/<run_id>/<host>/; fix: rename one")
+    return record("unique_names", problem, "trainer names are distinct")
+
+
+# ---- the controller's dataset (tasks/controller.yml) ---------------------------------------------
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def dataset(host: str, sha256: Any, src: str, cache: str, url: str, stat: Mapping[str, Any]) -> dict:
+    """The dataset on the controller: ``src`` (ddp_job_dataset_src; '' = the download cached at
+    ``cache``) exists, is a file and has ``sha256``; ``stat``: ``ansible.builtin.stat`` of that
+    file with ``checksum_algorithm: sha256``. A cache not filled yet is fine (the job downloads)."""
+    sha, src = str(sha256), str(src or "")
+    path = src or cache
+    exists, checksum = bool(stat.get("exists")), stat.get("checksum", "")
+    if not SHA256.fullmatch(sha):
+        problem = (f"controller: ddp_job_dataset_sha256 '{sha}' is not a sha256 (64 lowercase hex digits);"
+                   " fix: set it to the dataset's checksum (sha256sum FILE)")
+    elif src and not exists:
+        problem = (f"controller: the dataset ddp_job_dataset_src={src} does not exist; fix: point"
+                   f' ddp_job_dataset_src at a copy of the dataset (or set it to "" to download {url})')
+    elif exists and not stat.get("isreg"):
+        problem = (f"controller: the dataset {path} is not a file;"
+                   " fix: point ddp_job_dataset_src at the dataset file")
+    elif exists and checksum != sha:
+        fix = ("point ddp_job_dataset_src at an intact copy" if src else
+               "delete this cached copy to download it again")
+        problem = (f"controller: the dataset {path} has sha256 {checksum}, expected {sha}"
+                   f" (ddp_job_dataset_sha256); fix: {fix} (or set ddp_job_dataset_sha256 to the checksum"
+                   " of the dataset you mean)")
+    else:
+        problem = None
+    ok = (f"{path}: sha256 matches" if exists else
+          f"not cached yet: the job downloads {url} and checks its sha256")
+    return record("dataset", problem, ok)
+
+
+# ---- one trainer's settings (tasks/main.yml, on the controller) ----------------------------------
+# A release as pip accepts it in torch==X: 2.13.0, 2.13, 2.13.0+cpu, 2.14.0rc1 (PEP 440, the subset
+# torch publishes).
+TORCH_VERSION = re.compile(r"[0-9]+(\.[0-9]+){1,2}((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?"
+                           r"(\+[a-z0-9.]+)?")
+SETTINGS_FIX = "fix: correct it in the inventory, group_vars or -e"
+
+
+def types(host: str, errors: Sequence[Any], specs: Mapping[str, Any], given: int) -> list[dict]:
+    """The types of the settings given (``errors``: ``validate_argument_spec``'s
+    ``argument_errors`` against the roles' merged ``specs``; ``given``: how many were set): one
+    fail record per error (with ``name``, the variable), else one ok record."""
+    failed = _filters.arg_records(list(errors or []), host, dict(specs))
+    ok = f"{given} setting(s) given; their types match the roles' argument specs"
+    return failed or [record("types", None, ok)]
+
+
+def ranges(host: str, values: Mapping[str, Any], rules: Sequence[Mapping[str, Any]],
+           skip: Sequence[str] = ()) -> list[dict]:
+    """Numeric ranges on top of the types (``rules`` as in the filter ``validate_range_problems``;
+    ``skip``: names whose type check failed): one fail record per violation, else one ok record."""
+    problems = _filters.range_problems(dict(values), list(rules), list(skip))
+    return [record("ranges", f"{host}: {p}; {SETTINGS_FIX}", "") for p in problems] or [
+        record("ranges", None, "ports in 1024-65535; timeouts, intervals and counts in range")]
+
+
+def train_config(host: str, dataset_sha256: Any, overrides: Mapping[str, Any] | None = None,
+                 preset: Any = None, max_steps: Any = None, threads: Any = None) -> dict:
+    """The run configuration as ddp_job writes it to run.json (paths and run id placeholders),
+    judged by the training program's own rules (``ddplab.config.build_config``)."""
+    config = {"run_id": "preflight", "out_dir": "/preflight", "data_path": "/preflight/input.txt",
+              "data_url": None, "data_sha256": dataset_sha256}
+    config.update({k: v for k, v in {"preset": preset, "max_steps": max_steps, "threads": threads}.items()
+                   if v is not None})
+    config.update(overrides or {})
+    error = _filters.train_config_error(config)
+    problem = None if not error else (
+        f"{host}: the training program refuses the run configuration: {error}; fix: correct"
+        " ddp_job_train_overrides / ddp_job_max_steps / ddp_job_preset / ddp_job_threads"
+        " (keys and ranges: python -m ddplab.train --help, docs/training.md)")
+    return record("train_config", problem, "run.json accepted by ddplab.config")
+
+
+def governor(host: str, governor: str, known: Sequence[str]) -> dict:
+    """``cpu_governor_governor`` names a Linux cpufreq governor (``known``)."""
+    problem = None if governor in known else (
+        f"{host}: cpu_governor_governor '{governor}' is not a Linux cpufreq governor;"
+        f" fix: use one of {', '.join(known)} (usually performance)")
+    return record("governor", problem, f"cpu_governor_governor {governor}")
+
+
+def torch_version(host: str, version: Any) -> dict:
+    """``python_env_torch_version`` is a release number (:data:`TORCH_VERSION`)."""
+    version = str(version)
+    problem = None if TORCH_VERSION.fullmatch(version) else (
+        f"{host}: python_env_torch_version '{version}' is not a version (like 2.13.0);"
+        " fix: set it to the torch release to install, without 'torch=='")
+    return record("torch_version", problem, f"python_env_torch_version {version}")
+
+
+# ---- on the node (tasks/node.yml) -----------------------------------------------------------------
+def reachable(host: str, facts: Mapping[str, Any] | None, msg: str = "") -> dict:
+    """The node answered the fact gathering (``facts``: its ``ansible_facts``; None: it did not,
+    ``msg`` says why)."""
+    if facts is None:
+        return record("reachable", (f"{host} does not answer ({(msg or '').strip()}); fix: power it on,"
+                                    " plug it into the switch and check ansible_host / SSH access"), "")
+    system = facts.get("distribution", facts.get("system", ""))
+    return record("reachable", None, f"answers: {facts.get('hostname', '?')}, {system}")
+
+
+def _launch_words(launch: Mapping[str, Any]) -> str:
+    return (f"--local-addr {launch['local_addr']}, GLOO_SOCKET_IFNAME={launch['gloo_socket_ifname']},"
+            f" --rdzv-endpoint {launch['rdzv_endpoint']}")
+
+
+def hosts_file(host: str, hostname: str, addresses: Sequence[str], route: Mapping[str, Any], target: str,
+               port: Any, unit_show: str) -> dict:
+    """What the node's own hostname resolves to (``addresses``: getent hosts): loopback (Ubuntu's
+    '127.0.1.1 <hostname>' line) is a warning, not a problem, since every launch passes explicit
+    addresses (``route``: ``{dev, src}`` towards ``target``:``port``; ``unit_show``: ``systemctl
+    show`` of the agent unit, for what the last launch passed)."""
+    loop = _filters.loopbacks(list(addresses))
+    if not loop:
+        found = ", ".join(addresses) or "nothing (not needed: ddp-lab passes addresses)"
+        return record("hosts_file", None, f"{hostname} resolves to {found}")
+    launch = _filters.unit_launch(unit_show)
+    seen = (f" (as the last launch on this node did: {_launch_words(launch)})"
+            if launch["loaded"] and launch["local_addr"] else "")
+    return record("hosts_file", (
+        f"{host}: its hostname {hostname} resolves to {loop[0]} (loopback: the '127.0.1.1 <hostname>' line"
+        " Ubuntu writes to /etc/hosts), so a program that finds its own address by name gets loopback."
+        " ddp-lab does not rely on the name: every launch passes explicit addresses, torchrun --local-addr"
+        f" {route.get('src')}, GLOO_SOCKET_IFNAME={route.get('dev')} and --rdzv-endpoint"
+        f" {target}:{port}{seen};"
+        " nothing to fix (remove the line only if other tools need the name to resolve to the LAN address)"),
+        "", "warn")
+
+
+def _routable(address: Any) -> bool:
+    return _filters.is_ipv4(address or "") and not _filters.is_loopback(address)
+
+
+def launch(host: str, unit_show: str) -> dict:
+    """The node's last agent launch (``unit_show``: ``systemctl show UNIT -p
+    LoadState,ExecStart,Environment``) passed explicit addresses: a routable --local-addr and
+    --rdzv-endpoint host, and a GLOO_SOCKET_IFNAME that is not lo. skip: no launch yet."""
+    seen = _filters.unit_launch(unit_show)
+    if not seen["loaded"]:
+        return {"check": "launch", "status": "skip", "detail": (
+            "no agent launched on this node yet; ddp_job passes --local-addr, GLOO_SOCKET_IFNAME and an IP"
+            " --rdzv-endpoint")}
+    ifname = seen["gloo_socket_ifname"]
+    explicit = (_routable(seen["local_addr"]) and _routable((seen["rdzv_endpoint"] or "").rpartition(":")[0])
+                and bool(ifname) and ifname != "lo")
+    problem = None if explicit else (
+        f"{host}: the last agent launch passed no explicit address ({_launch_words(seen)}), so gloo may have"
+        " used the hostname's (loopback) address; fix: launch with ddp-lab (site.yml or playbooks/train.yml),"
+        " which passes them")
+    return record("launch", problem, f"last launch: {_launch_words(seen)}", "warn")
+
+
+def unique_address(host: str, addresses: Mapping[str, Any]) -> dict:
+    """This node's address towards the rendezvous host is no other play host's (``addresses``:
+    ``{host: address}``; empty ones are ignored)."""
+    same = _filters.sharing_keys(dict(addresses)).get(host, [])
+    address = addresses.get(host)
+    problem = None if not same else (
+        f"{host} and {', '.join(same)} share the address {address} towards the rendezvous host (cloned"
+        " machines or a static IP used twice); gloo cannot tell them apart; fix: give each laptop its own"
+        " address (DHCP reservation)")
+    return record("unique_address", problem, f"{address} is this node's alone")
+
+
+def unique_name(host: str, hostnames: Mapping[str, Any]) -> dict:
+    """This node's hostname is no other play host's (``hostnames``: ``{host: hostname}``): a warning."""
+    same = _filters.sharing_keys(dict(hostnames)).get(host, [])
+    name = hostnames.get(host)
+    problem = None if not same else (
+        f"{host} and {', '.join(same)} share the hostname {name}: their records in the metrics (field host)"
+        " look alike; fix: sudo hostnamectl set-hostname <unique name>")
+    return record("unique_name", problem, f"hostname {name} is unique", "warn")
+
+
+def dpkg_lock(host: str, holders: Sequence[Mapping[str, Any]], comms: Sequence[Mapping[str, Any]],
+              attempts: Any, poll_s: Any, wait_s: Any, preflight: bool) -> dict:
+    """apt/dpkg locks free before provisioning. ``holders``: ``[{path, pid}]`` (filter
+    ``validate_lock_holders``) after ``attempts`` reads ``poll_s`` apart; ``comms``: the ``slurp``
+    results of each holder's /proc/PID/comm, in the same order. A holder fails the preflight
+    (which waited up to ``wait_s``) and is a warning in the doctor."""
+    if not holders:
+        waited = (int(attempts or 1) - 1) * float(poll_s)
+        return record("dpkg_lock", None,
+                      "apt/dpkg locks free" + (f" (waited {waited} s)" if waited > 0 else ""))
+    names = [base64.b64decode(c.get("content", "Pw==")).decode(errors="replace").strip() for c in comms]
+    names += ["?"] * (len(holders) - len(names))
+    who = "; ".join(f"{n} (pid {h['pid']}) holds {h['path']}" for n, h in zip(names, holders, strict=False))
+    tail = (f" and did not finish within validate_dpkg_lock_wait_s={wait_s} s" if preflight else
+            f" (the provisioning waits up to {wait_s} s for it)")
+    return record("dpkg_lock", (
+        f"{host}: apt/dpkg is busy: {who}{tail}; fix: let it finish (after boot unattended-upgrades runs"
+        " for a while: systemctl status unattended-upgrades) and run again"), "",
+        "fail" if preflight else "warn")
+
+
+def gloo(host: str, route: Mapping[str, Any], unit_show: str, addr_show: str) -> dict:
+    """Which address gloo binds on the node, against the route's source (the filter module's
+    ``gloo_address``)."""
+    return _filters.gloo_address(dict(route or {}), unit_show or "", addr_show or "", host)
+
+
+# Checks that are pure functions of their arguments: called as ``check(host, **args)``.
+PURE = {f.__name__: f for f in (trainers, rendezvous, rendezvous_address, unique_hosts, unique_names,
+                                  dataset, types, ranges, train_config, governor, torch_version, reachable,
+                                  hosts_file, launch, dpkg_lock, gloo)}
+# Checks that compare a host var across the play's hosts: check -> (function, default host var).
+ACROSS = {"unique_address": (unique_address, "__validate_address"),
+          "unique_name": (unique_name, "__validate_hostname")}
+
+
 class ActionModule(ActionBase):
     """Run the checks given (``checks``: a list of ``{check, args, skip}``; see the module docstring)
     and return their records (``records``), in order; a check with ``skip: true`` is left out."""
 
-    def _one(self, check: str, args: Mapping[str, Any], task_vars: dict) -> dict | None:
+    def _one(self, check: str, args: Mapping[str, Any], task_vars: dict) -> dict | list[dict] | None:
         host = task_vars.get("inventory_hostname", "?")
+        if check in PURE:
+            return PURE[check](host, **args)
+        if check in ACROSS:
+            func, key = ACROSS[check]
+            hv = task_vars["hostvars"]
+            key = args.get("key") or key
+            values = {h: hv[h].get(key, "") for h in task_vars.get("ansible_play_hosts", [])}
+            return func(host, values)
         if check == "rdzv_conf":
             return rdzv_conf(host, args.get("conf"), args.get("keys") or [])
         if check == "nnodes":
@@ -333,6 +616,6 @@ class ActionModule(ActionBase):
             if rec is None:
                 result.update({"unreachable": True, "msg": "the node cannot be reached"})
                 return result
-            records.append(rec)
+            records.extend(rec if isinstance(rec, list) else [rec])
         result.update({"changed": False, "records": records})
         return result

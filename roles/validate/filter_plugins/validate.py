@@ -1,7 +1,10 @@
-"""Filters of the validate role: turn what the read-only checks read into facts and messages.
+"""Filters of the validate role: turn what the read-only checks read into facts (routes, lock
+holders, clock offsets, unit properties, the doctor's table); the action plugin validate_check
+(action_plugins/validate_check.py) builds every check record from them.
 
 Every function is pure (no I/O besides importing the training package's config module) and is
-unit-tested in tests/test_role_filters.py and tests/test_bad_input_preflight.py.
+unit-tested in tests/test_role_filters.py, tests/test_bad_input_preflight.py and
+tests/test_validate_check.py.
 """
 
 from __future__ import annotations
@@ -73,9 +76,9 @@ def loopbacks(addresses: list) -> list:
 
 
 def is_ipv4(address) -> bool:
-    """True for a dotted-quad IPv4 address."""
+    """True for a dotted-quad IPv4 address (no surrounding spaces, no leading zeros)."""
     try:
-        ipaddress.IPv4Address(str(address).strip())
+        ipaddress.IPv4Address(str(address))
     except ValueError:
         return False
     return True
@@ -136,11 +139,6 @@ def arg_records(errors: list, host: str, specs: dict) -> list[dict]:
                       f"(roles/{owners[name]}/README.md) in the inventory, group_vars or -e")
         out.append({"check": "types", "status": "fail", "name": name, "detail": detail})
     return out
-
-
-def records(messages: list, check: str, status: str = "fail") -> list[dict]:
-    """``[{check, status, detail}]``, one per message."""
-    return [{"check": check, "status": status, "detail": str(m)} for m in messages or []]
 
 
 def train_config_error(values: dict) -> str:
@@ -427,25 +425,16 @@ class FilterModule:
 
     def filters(self) -> dict:
         return {
-            "shared_values": shared_values,
             "connection_targets": connection_targets,
-            "validate_sharing_keys": sharing_keys,
             "validate_is_loopback": is_loopback,
             "validate_is_ipv4": is_ipv4,
-            "validate_loopbacks": loopbacks,
             "validate_spec_options": spec_options,
-            "validate_arg_records": arg_records,
-            "validate_records": records,
-            "validate_train_config_error": train_config_error,
             "validate_route": route_info,
             "validate_lock_holders": lock_holders,
             "validate_clock": clock_offset,
-            "validate_unit_launch": unit_launch,
-            "validate_gloo_address": gloo_address,
             "validate_table": check_table,
             "validate_proc_cmdline": proc_cmdline,
             "validate_proc_ppid": proc_ppid,
-            "validate_range_problems": range_problems,
             "validate_odd_ones": odd_ones,
             "validate_path_chain": path_chain,
         }
