@@ -443,3 +443,15 @@ def test_shared_engine_settings_have_one_home():
         fallbacks = [str(p.relative_to(roles)) for p in roles.rglob("*") if p.suffix in (".yml", ".j2", ".py")
                      and own.search(p.read_text())]
         assert not fallbacks, (name, fallbacks)
+
+
+def test_engine_per_step_is_one_ddplab_train_worker_per_laptop():
+    assert vc.engine("t-a", "torchelastic", ["-m", "mine"], 4) == {
+        "check": "engine", "status": "ok", "detail": "ddp_job_fault_tolerance torchelastic"}
+    assert vc.engine("t-a", "per_step", [], 1)["status"] == "ok"
+    for argv, nproc in ((["-m", "mine"], 1), ([], 2)):
+        bad = vc.engine("t-a", "per_step", argv, nproc)
+        assert bad["status"] == "fail" and bad["detail"] == (
+            f"t-a: ddp_job_fault_tolerance=per_step (worker argv {argv}, nproc_per_node {nproc});"
+            " fix: torchelastic or per_step; per_step trains ddplab.train with one worker per laptop"
+            " (one torchft replica group each): leave ddp_job_worker_argv empty and ddp_job_nproc_per_node 1")

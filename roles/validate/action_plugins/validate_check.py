@@ -1,29 +1,28 @@
-"""Action plugin ``validate_check``: checks of the validate role in Python, each one check record.
+"""Action plugin ``validate_check``: every check of the validate role in Python, each a check record.
 
 A record is ``{check, status, detail}``: ``status`` is ok | warn | fail | skip, ``detail`` one line
-(for a problem: ``<host>: <cause>; fix: <what to do>``). Checks (``check:``, each with its own
-``args:``):
+(for a problem: ``<host>: <cause>; fix: <what to do>``). The tasks only gather what a check reads
+and pass it (``checks:``, a list of ``{check, args, skip}``); each check is a function of this
+module named like the check, called ``check(host, **args)`` (see its docstring), except:
 
-- ``rdzv_conf``: ``conf`` (torchrun ``--rdzv-conf`` besides is_host), ``keys`` (those torch reads);
-- ``nnodes``: ``min``, ``max`` (torchrun ``--nnodes MIN:MAX``), ``trainers`` (how many exist);
-- ``versions``: ``pin`` (python_env_torch_version; '' none), ``prefix`` (the venv), ``provision``
-  (this run provisions: a difference is a warning), ``key`` (the host var holding each host's
-  ``{python, torch, ...}`` read in its venv, None without one; default ``__validate_versions``):
-  every play host's is compared;
-- ``disk``: ``df`` (``df -P -B1`` of the path and its parents), ``path`` (where checkpoints go),
-  ``min_free_mb``;
+- ``rdzv_conf`` (``conf``, ``keys``), ``nnodes`` (``min``, ``max``, ``trainers``), ``disk``
+  (``df``, ``path``, ``min_free_mb``), ``route``, ``clock``, ``interface``, ``port``: named
+  arguments as in :meth:`ActionModule._one`;
+- ``versions``: ``pin``, ``prefix``, ``provision``, ``key`` (the host var holding each host's
+  ``{python, torch, ...}``, default ``__validate_versions``): every play host's is compared;
+- ``unique_address``/``unique_name``: ``key`` (default ``__validate_address``/``__validate_hostname``),
+  compared across the play's hosts;
 - ``reach``: ``what`` (store | lighthouse), ``address``, ``port``, ``timeout_s``: a TCP connection
-  from the node (``ansible.builtin.wait_for`` run there);
-- ``route``: ``target``, ``rc``/``stderr``/``dev``/``src`` of ``ip route get`` on the node;
-- ``clock``: ``measured`` (filter ``validate_clock``), ``max_skew_s``;
-- ``interface``: ``ifname`` (wired_network_ifname), ``facts`` (network facts), ``route_dev``,
-  ``address`` (wired_network_address or None);
-- ``port``: the rendezvous host's port for the store or the lighthouse (:func:`port`), from what
-  ``tasks/port.yml`` read there; its record also says ``up`` (this inventory's service runs).
+  from the node (``ansible.builtin.wait_for`` run there).
 
+Where they run: the inventory (trainers, rendezvous, rendezvous_address, unique_hosts,
+unique_names) and the controller (dataset, port) in tasks/inventory.yml, controller.yml and
+port.yml; each trainer's settings (types, ranges, rdzv_conf, nnodes, train_config, engine,
+governor, torch_version) in tasks/main.yml; the node (reachable, route, hosts_file, launch, gloo,
+interface, clock, disk, unique_address, unique_name, versions, dpkg_lock, reach) in tasks/node.yml.
 The tasks add ``records`` to the host's ``__validate_results``, which ``tasks/verdict.yml`` reports.
-Used by the validate play (tasks/main.yml, tasks/node.yml) and, through tasks/job.yml, by
-ddp_job's preflight, so each check exists once.
+ddp_job's preflight runs the job's checks (ranges, engine, nnodes, rdzv_conf, versions, reach)
+through tasks/job.yml, so each check exists once.
 """
 
 from __future__ import annotations
@@ -417,6 +416,20 @@ def train_config(host: str, dataset_sha256: Any, overrides: Mapping[str, Any] | 
     return record("train_config", problem, "run.json accepted by ddplab.config")
 
 
+def engine(host: str, fault_tolerance: Any, worker_argv: Sequence[Any], nproc_per_node: Any) -> dict:
+    """The recovery engine (``ddp_job_fault_tolerance``): torchelastic, or per_step, which trains
+    ddplab.train with one worker per laptop (one torchft replica group each: no
+    ``ddp_job_worker_argv``, ``ddp_job_nproc_per_node`` 1)."""
+    good = fault_tolerance == "torchelastic" or (
+        fault_tolerance == "per_step" and not worker_argv and str(nproc_per_node).strip() == "1")
+    problem = None if good else (
+        f"{host}: ddp_job_fault_tolerance={fault_tolerance} (worker argv {list(worker_argv or [])},"
+        f" nproc_per_node {nproc_per_node}); fix: torchelastic or per_step; per_step trains ddplab.train"
+        " with one worker per laptop (one torchft replica group each): leave ddp_job_worker_argv empty and"
+        " ddp_job_nproc_per_node 1")
+    return record("engine", problem, f"ddp_job_fault_tolerance {fault_tolerance}")
+
+
 def governor(host: str, governor: str, known: Sequence[str]) -> dict:
     """``cpu_governor_governor`` names a Linux cpufreq governor (``known``)."""
     problem = None if governor in known else (
@@ -547,8 +560,8 @@ def gloo(host: str, route: Mapping[str, Any], unit_show: str, addr_show: str) ->
 
 # Checks that are pure functions of their arguments: called as ``check(host, **args)``.
 PURE = {f.__name__: f for f in (trainers, rendezvous, rendezvous_address, unique_hosts, unique_names,
-                                  dataset, types, ranges, train_config, governor, torch_version, reachable,
-                                  hosts_file, launch, dpkg_lock, gloo)}
+                                  dataset, types, ranges, train_config, engine, governor, torch_version,
+                                  reachable, hosts_file, launch, dpkg_lock, gloo)}
 # Checks that compare a host var across the play's hosts: check -> (function, default host var).
 ACROSS = {"unique_address": (unique_address, "__validate_address"),
           "unique_name": (unique_name, "__validate_hostname")}
