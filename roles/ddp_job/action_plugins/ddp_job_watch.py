@@ -54,6 +54,12 @@ ARGS = {
 REPORT_WAIT_S = 120.0  # how long a returning watch waits for its live report build
 
 
+# The unit properties ddplab.status reports (ddplab.status.unit_state), read from systemd directly
+# when ddplab.status cannot run.
+UNIT_PROPS = ("LoadState", "ActiveState", "SubState", "Result", "ExecMainStatus", "ExecMainCode",
+              "InvocationID", "MainPID", "ExecMainStartTimestampMonotonic")
+
+
 class LiveReport:
     """The controller's copy of one node's metrics, and the live report built from all copies.
 
@@ -255,6 +261,17 @@ class ActionModule(ActionBase):
             display.warning(live.error)
             live.shown.add(live.error)  # printed once
 
+    def _unit_from_systemd(self, unit: str, task_vars: dict) -> dict:
+        """The agent unit's ``systemctl show`` properties (:data:`UNIT_PROPS`) read by
+        ansible.builtin.systemd_service (no state: a read) when ``ddplab.status`` cannot run on
+        the node (the node runtime not installed yet, or broken): a running agent is still seen,
+        so stop.yml and reset.yml stop it. ``{}`` when systemd cannot be asked either."""
+        res = self._execute_module(
+            module_name="ansible.builtin.systemd_service", module_args={"name": unit}, task_vars=task_vars
+        )
+        status = res.get("status") or {}
+        return {k: str(status[k]) for k in UNIT_PROPS if k in status} if not res.get("failed") else {}
+
     def _once(self, result: dict, args: dict, task_vars: dict) -> dict:
         """One read of the node's state (see the module docstring: ``once``)."""
         start = time.monotonic()
@@ -266,6 +283,8 @@ class ActionModule(ActionBase):
         except Exception as exc:  # noqa: BLE001 - reported in the node's row, not a crash
             doc, error = {}, first_line(exc, 1000)
             state = "unreachable" if "unreachable" in error.lower() else "error"
+            if state == "error":  # the node answers, ddplab.status does not: systemd still knows the unit
+                doc["unit"] = self._unit_from_systemd(args["unit"], task_vars)
         progress = doc.get("progress", {})
         result.update({"changed": False, "state": state, "error": error, "polls": 1,
                        "elapsed_s": round(time.monotonic() - start, 1), "progress": progress,
