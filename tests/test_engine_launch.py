@@ -73,8 +73,10 @@ def test_per_step_launch_is_one_replica_group_per_laptop(tmp_path: Path):
         "ft_replica_id": "t-a",
         "ft_manager_port": 29520,
         "ft_min_replicas": 1,
-        "ft_timeout_s": 5.0,
+        "ft_timeout_s": 1.5,
         "ft_quorum_timeout_s": 60.0,
+        "ft_start_replicas": 2,  # the start barrier waits for every trainer (2 in this inventory)
+        "ft_start_timeout_s": 120.0,
     }
 
 

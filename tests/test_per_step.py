@@ -19,7 +19,8 @@ def test_defaults_keep_torchelastic_and_the_contract_values():
     cfg = build_config()
     assert cfg.fault_tolerance == "torchelastic" and cfg.ft_lighthouse is None
     assert (cfg.ft_replica_id, cfg.ft_manager_port, cfg.ft_min_replicas) == (None, 29520, 1)
-    assert (cfg.ft_timeout_s, cfg.ft_quorum_timeout_s) == (5.0, 60.0)
+    assert (cfg.ft_timeout_s, cfg.ft_quorum_timeout_s) == (1.5, 60.0)
+    assert (cfg.ft_start_replicas, cfg.ft_start_timeout_s) == (1, 60.0)
     cfg = build_config({**PER_STEP, "ft_replica_id": "laptop-a", "ft_timeout_s": 3})
     assert cfg.fault_tolerance == "per_step" and cfg.ft_timeout_s == 3.0
 
@@ -37,6 +38,8 @@ def test_defaults_keep_torchelastic_and_the_contract_values():
     ({**PER_STEP, "ft_min_replicas": 0}, "'ft_min_replicas' = 0: must be a positive integer"),
     ({**PER_STEP, "ft_timeout_s": 0}, "'ft_timeout_s' = 0.0: must be a number > 0"),
     ({**PER_STEP, "ft_quorum_timeout_s": -1}, "'ft_quorum_timeout_s' = -1.0: must be a number > 0"),
+    ({**PER_STEP, "ft_start_replicas": 0}, "'ft_start_replicas' = 0: must be a positive integer"),
+    ({**PER_STEP, "ft_start_timeout_s": 0}, "'ft_start_timeout_s' = 0.0: must be a number > 0"),
     ({**PER_STEP, "ft_replica_id": "laptop a"}, "'ft_replica_id' = 'laptop a': must be a non-empty name"),
     ({**PER_STEP, "ft_replica_id": "a:b"}, "without spaces or ':'"),
     ({**PER_STEP, "ft_lighthouses": "http://x:1"}, "unknown config key(s) in config file: ft_lighthouses"),

@@ -67,6 +67,7 @@ class Replica:
                               ft_replica_id=name, ft_manager_port=self.manager_port, **overrides)
         self.proc: subprocess.Popen | None = None
         self.started = 0.0
+        self.nice = 0  # > 0: the agent and its worker run under ``nice -n``
 
     def start(self) -> None:
         argv = [sys.executable, "-m", "ddplab.agent", "--nnodes", "1", "--nproc-per-node", "1",
@@ -76,6 +77,8 @@ class Replica:
                 "--monitor-interval", "0.1",
                 "--start-method", "fork", "--log-dir", str(self.out / "logs"), "--tee", "3",
                 "-m", "ddplab.train", *self.args]
+        if self.nice:
+            argv = ["nice", "-n", str(self.nice), *argv]
         env = subprocess_env(DDPLAB_GLOO_ADDR=self.addr, RUST_LOG="warn")
         self.log = open(self.out.parent / f"{self.name}.log", "a")  # noqa: SIM115
         self.started = time.time()

@@ -115,8 +115,14 @@ class TrainConfig:
     ft_replica_id: str | None = None  # this replica group's name (null: the host name)
     ft_manager_port: int = 29520  # TCP port of this replica's torchft Manager
     ft_min_replicas: int = 1  # a step commits only with at least this many participants
-    ft_timeout_s: float = 5.0  # per operation: gloo collectives, commit vote, state transfer
+    # per operation: gloo collectives, commit vote, state transfer; a frozen peer is left out after
+    # it + the lighthouse's join timeout (1.5 s: 2.6 s, no false drop at load 11-21, docs/faults.md)
+    ft_timeout_s: float = 1.5
     ft_quorum_timeout_s: float = 60.0  # longest wait for a quorum
+    # the first step of a (re)started job waits for this many participants, at most
+    # ft_start_timeout_s from a replica's start (then it goes on with those present)
+    ft_start_replicas: int = 1
+    ft_start_timeout_s: float = 60.0
 
     def validate(self) -> TrainConfig:
         """Check every field; return ``self``.
@@ -197,10 +203,11 @@ class TrainConfig:
         port = self.ft_manager_port
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
             raise bad("ft_manager_port", "must be a TCP port (1-65535)")
-        value = self.ft_min_replicas
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise bad("ft_min_replicas", "must be a positive integer (> 0)")
-        for key in ("ft_timeout_s", "ft_quorum_timeout_s"):
+        for key in ("ft_min_replicas", "ft_start_replicas"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise bad(key, "must be a positive integer (> 0)")
+        for key in ("ft_timeout_s", "ft_quorum_timeout_s", "ft_start_timeout_s"):
             value = getattr(self, key)
             if not _is_real(value) or value <= 0:
                 raise bad(key, "must be a number > 0")

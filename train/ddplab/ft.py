@@ -223,13 +223,22 @@ class Replica:
             offset += p.numel()
         return seconds
 
-    def sum(self, tensor: torch.Tensor) -> None:
-        """Sum ``tensor`` in place over the participants (failures as :meth:`average_gradients`)."""
+    def sum(self, tensor: torch.Tensor) -> bool:
+        """Sum ``tensor`` in place over the participants; return False when this or an earlier
+        collective of the step failed (the tensor is then meaningless, the step will not commit;
+        failures do not raise, as in :meth:`average_gradients`)."""
         self.manager.allreduce(tensor, reduce_op=torch.distributed.ReduceOp.SUM).wait()
+        return not self.errored()
 
     def errored(self) -> bool:
         """A collective of this step failed: the step will not commit."""
         return self.manager.errored() is not None
+
+    def abstain(self, why: str) -> None:
+        """Vote against this step (every participant does: nothing is applied, the step is
+        attempted again with the next quorum). ``why`` names the reason in torchft's error."""
+        self.manager.report_error(RuntimeError(why))
+        self.commit()
 
     def commit(self) -> bool:
         """Vote on the step; apply the optimizer update when every participant commits.

@@ -29,6 +29,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,8 @@ CHECKPOINT_FORMAT = 1
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 #: per_step: pause between two quorums while fewer than ft_min_replicas replicas participate.
 MIN_REPLICAS_POLL_S = 0.5
+#: per_step: most rounds (each ended by a sum over the participants) of an evaluation.
+EVAL_ROUNDS = 8
 #: Errors that mean bad input or an unwritable output: one line, exit 2.
 INPUT_ERRORS = (DataError, CheckpointError, BatchPolicyError, OutputError, ValueError)
 
@@ -193,6 +196,9 @@ class Trainer:
         self.participants = env.world_size  # per_step: participants of the last committed step
         self.per_step = cfg.fault_tolerance == "per_step"
         self.waiting_for_replicas = False  # per_step: fewer participants than ft_min_replicas
+        # per_step: the first commit of this session waits for ft_start_replicas (start barrier)
+        self.session_commits = 0
+        self.start_wait_began: float | None = None  # first attempt held back by the barrier
 
     # --- setup: everything that can reject bad input runs before anything is written ---------
     def validate_inputs(self, check_only: bool = False) -> None:
@@ -486,7 +492,8 @@ class Trainer:
                                   self.load_peer_state, step=self.step)
         return {"replica_id": self.replica.replica_id, "ft_addr": self.replica.addr,
                 "ft_manager_port": cfg.ft_manager_port, "ft_store_port": self.replica.store_port,
-                "ft_lighthouse": cfg.ft_lighthouse}
+                "ft_lighthouse": cfg.ft_lighthouse, "ft_start_replicas": cfg.ft_start_replicas,
+                "ft_start_timeout_s": cfg.ft_start_timeout_s, "ft_timeout_s": cfg.ft_timeout_s}
 
     def save_checkpoint(self, reason: str) -> None:
         with self.guard.critical():
@@ -550,12 +557,15 @@ class Trainer:
     def per_step_train_step(self) -> bool:
         """One attempt at the next optimizer step under per_step; True when it was committed.
 
-        1. Join the quorum (a replica behind the others receives a live peer's state here).
+        1. Join the quorum (a replica behind the others receives a live peer's state here);
+           after an evaluation step, evaluate it first, dealt over the participants
+           (:meth:`per_step_evaluate`: no participant is late for the next quorum).
         2. Take this participant's block of the step's samples (a function of ``samples_seen``,
            the participant rank and the participants: ddplab.data.participant_sample_indices)
            and the Goyal learning rate of the step's global batch (ramped, ddplab.lr).
         3. Forward/backward locally, average the gradients over the participants (one
-           all-reduce of all gradients), clip, run the divergence guard (a sum over participants).
+           all-reduce of all gradients), clip, run the divergence guard and the start barrier
+           (one sum over participants; :meth:`ready_to_start`).
         4. Vote: the update is applied only when every participant commits; otherwise nothing
            changes (not the weights, step, data position nor LR history) and the caller retries.
         Every commit of a new participant count, every uncommitted attempt and every
@@ -579,6 +589,8 @@ class Trainer:
             time.sleep(MIN_REPLICAS_POLL_S)
             return False
         self.waiting_for_replicas = False
+        evaluated = self.per_step_evaluate(rank, participants) if self.per_step_eval_due() else None
+        eval_s = evaluated[2] if evaluated else 0.0
         global_batch = participants_global_batch(
             cfg.batch_policy, participants, cfg.per_rank_batch_size,
             # keep_global without a size: the global batch of the run's first committed step
@@ -605,14 +617,22 @@ class Trainer:
         allreduce_s = replica.average_gradients(self.model.parameters())
         grad_norm = self.clip_gradients()
         t_guard = time.perf_counter()
-        mean_loss = self.per_step_divergence_guard(loss_sum, grad_norm, global_batch)
+        mean_loss = self.per_step_divergence_guard(loss_sum, grad_norm, global_batch, participants)
         allreduce_s += time.perf_counter() - t_guard
         self.guard.check()
+        if mean_loss is None:  # held back by the start barrier: no participant commits
+            self.held_by_start_barrier(participants)
+            return False
         previous = self.participants
         with self.guard.critical():
             self.consistent = False
             committed = replica.commit()  # the vote; the optimizer steps only when committed
+            first_commit = committed and self.session_commits == 0
             if committed:
+                if evaluated:  # the evaluation of the step before, now that all agree on it
+                    self.record_eval(self.step, evaluated[0], evaluated[1], participants=participants,
+                                     eval_s=round(eval_s, 6))
+                self.session_commits += 1
                 self.step += 1
                 self.samples_seen += global_batch
                 self.session_tokens += global_batch * cfg.block_size
@@ -620,16 +640,17 @@ class Trainer:
                 self.participants = participants
                 self.record_participants(participants, replica.quorum_id)
             self.consistent = True
-            step_s = time.perf_counter() - t0
+            step_s = time.perf_counter() - t0 - eval_s  # the evaluation has its own record
             step = self.step if committed else self.step + 1
+            start = self.start_barrier_fields() if first_commit else {}
             if (not committed or participants != previous or step % cfg.log_interval == 0
-                    or step == cfg.max_steps):
+                    or step == cfg.max_steps or first_commit):
                 self.metrics.set_common(rank=rank, world_size=participants)
                 first = int(indices[0]) if len(indices) else self.samples_seen
                 self.log_step(mean_loss, loss_sum / max(1, len(indices)), lr, lr_scale, step_s,
                               allreduce_s, step=step, participants=participants,
                               quorum_id=replica.quorum_id, committed=committed, engine="per_step",
-                              samples=[first, first + len(indices)])
+                              samples=[first, first + len(indices)], **start)
         return committed
 
     def lr_segments(self, lr_scale: float) -> list[tuple[int, float]]:
@@ -652,20 +673,56 @@ class Trainer:
             **{k: v for k, v in self.plan.to_dict().items() if k != "world_size"},
         })
 
-    def per_step_divergence_guard(self, loss_sum: float, grad_norm: float, global_batch: int) -> float:
-        """per_step's divergence guard: the global batch's mean loss and "any gradient norm not
-        finite" summed over the participants; return the mean loss (NaN when the sum failed:
-        the step will not commit, nothing is decided on it).
+    def per_step_divergence_guard(self, loss_sum: float, grad_norm: float, global_batch: int,
+                                  participants: int) -> float | None:
+        """per_step's divergence guard and start barrier, in one sum over the participants of
+        [loss sum, "gradient norm not finite", "ready to go"]. Returns the global batch's mean
+        loss (NaN when the sum failed: the step will not commit, nothing is decided on it), or
+        None when the start barrier holds the step back (:meth:`ready_to_start`: every
+        participant sees the same sum, so none commits).
 
         Raises:
             Diverged: the step must not be applied (every participant sees the same sums).
         """
-        both = torch.tensor([loss_sum, 0.0 if math.isfinite(grad_norm) else 1.0], dtype=torch.float64)
-        self.replica.sum(both)
-        if self.replica.errored():
+        ready = self.ready_to_start(participants)
+        both = torch.tensor([loss_sum, 0.0 if math.isfinite(grad_norm) else 1.0, float(ready)],
+                            dtype=torch.float64)
+        if not self.replica.sum(both):
             return float("nan")
+        if both[2] == 0:
+            return None
         mean_loss, any_bad = float(both[0]) / global_batch, bool(both[1] > 0)
         return self.check_divergence(mean_loss, any_bad, grad_norm)
+
+    def ready_to_start(self, participants: int) -> bool:
+        """per_step start barrier, this replica's vote: the first step of a job waits until
+        ``ft_start_replicas`` replicas participate, at most ``ft_start_timeout_s`` from the
+        replica's start. A replica that committed a step in this session is always ready, so a
+        joiner never holds live peers back: the barrier binds only when every participant is
+        new (the start of the job, or a restart of the whole cluster). The step goes when any
+        participant is ready (the first one to time out releases all)."""
+        cfg = self.cfg
+        return (self.session_commits > 0 or participants >= cfg.ft_start_replicas
+                or time.time() - self.session_start >= cfg.ft_start_timeout_s)
+
+    def held_by_start_barrier(self, participants: int) -> None:
+        """per_step: the start barrier held this attempt back; say so once, pause, retry."""
+        cfg = self.cfg
+        if self.start_wait_began is None:
+            self.start_wait_began = time.time()
+            print(f"[ddplab] step {self.step + 1}: {participants} of ft_start_replicas "
+                  f"{cfg.ft_start_replicas} replicas participate, waiting for the others (at most "
+                  f"ft_start_timeout_s {cfg.ft_start_timeout_s:g} s from a replica's start)",
+                  flush=True)
+        self.replica.abstain("waiting for ft_start_replicas")
+        time.sleep(MIN_REPLICAS_POLL_S)
+
+    def start_barrier_fields(self) -> dict[str, Any]:
+        """Fields of the first committed step record of a session: the start barrier's target
+        (``start_replicas``) and how long this replica was held back by it (``start_wait_s``)."""
+        began = self.start_wait_began
+        return {"start_replicas": self.cfg.ft_start_replicas,
+                "start_wait_s": round(time.time() - began, 3) if began is not None else 0.0}
 
     def check_divergence(self, mean_loss: float, any_bad: bool, grad_norm: float) -> float:
         """Decide on the next step from the loss averaged over all ranks (or participants) and
@@ -739,28 +796,53 @@ class Trainer:
                   f"(all-reduce {allreduce_s * 1e3:.1f} ms of {step_s * 1e3:.1f} ms)", flush=True)
 
     @torch.no_grad()
+    def eval_sums(self, rank: int, ranks: int,
+                  reduce: Callable[[torch.Tensor], bool] | None = None) -> torch.Tensor | None:
+        """This rank's share of the evaluation: the summed per-window losses of windows
+        ``rank, rank + ranks, ...`` of the ``eval_iters * per_rank_batch_size`` fixed windows of
+        the val and train splits, in batches of ``per_rank_batch_size``.
+
+        ``reduce`` (per_step) sums a partial [val, train] over the participants in place and
+        returns False when that failed; it is called after each of at most ``EVAL_ROUNDS``
+        equal rounds of batches, the same number on every rank: these small collectives keep
+        the participants in step, so a slower one is never more than a round behind (well
+        within a collective's timeout). Returns a float64 tensor of shape (2,): [val sum,
+        train sum]; None when a ``reduce`` failed.
+        """
+        cfg = self.cfg
+        size = cfg.per_rank_batch_size
+        total = cfg.eval_iters * size
+        mine = np.arange(rank, total, ranks, dtype=np.int64)
+        batches = math.ceil(math.ceil(total / ranks) / size)  # rank 0's share, the largest
+        per_round = math.ceil(batches / EVAL_ROUNDS)
+        sums = torch.zeros(2, dtype=torch.float64)
+        self.model.eval()
+        try:
+            for first in range(0, batches, per_round):
+                part = torch.zeros(2, dtype=torch.float64)
+                for b in range(first, min(batches, first + per_round)):
+                    chunk = mine[b * size:(b + 1) * size]
+                    for i, split in enumerate(("val", "train") if len(chunk) else ()):
+                        tokens, sampler = self.eval_samplers[split]
+                        x, y = get_batch(tokens, sampler, chunk)
+                        _, loss = self.model(x, y)
+                        part[i] += float(loss.item()) * len(chunk)
+                if reduce is not None and not reduce(part):
+                    return None
+                sums += part
+        finally:
+            self.model.train()
+        return sums
+
     def evaluate(self) -> tuple[float, float]:
         """Mean loss over fixed windows of the val and train splits (same set at every world size).
 
         ``eval_iters * per_rank_batch_size`` windows per split, dealt round-robin to the ranks and
         summed with an all-reduce, so the figure does not depend on the world size.
         """
-        cfg, env = self.cfg, self.env
-        n = cfg.eval_iters * cfg.per_rank_batch_size
-        mine = np.arange(env.rank, n, env.world_size, dtype=np.int64)
-        self.model.eval()
-        out = []
-        for split in ("val", "train"):
-            tokens, sampler = self.eval_samplers[split]
-            total = 0.0
-            for i in range(0, len(mine), cfg.per_rank_batch_size):
-                chunk = mine[i:i + cfg.per_rank_batch_size]
-                x, y = get_batch(tokens, sampler, chunk)
-                _, loss = self.model(x, y)
-                total += float(loss.item()) * len(chunk)
-            out.append(all_reduce_scalar(total, "sum") / n)
-        self.model.train()
-        return out[0], out[1]
+        n = self.cfg.eval_iters * self.cfg.per_rank_batch_size
+        sums = self.eval_sums(self.env.rank, self.env.world_size)
+        return all_reduce_scalar(float(sums[0]), "sum") / n, all_reduce_scalar(float(sums[1]), "sum") / n
 
     def run_eval(self) -> None:
         """Evaluate; a diverged validation loss stops the run before this step is checkpointed.
@@ -769,18 +851,59 @@ class Trainer:
             Diverged: the validation loss is non-finite or above the guard's limit.
         """
         val_loss, train_loss = self.evaluate()
-        reason = divergence_reason(val_loss, 0.0, self.step, vocab_size=len(self.data.vocab),
+        self.check_eval(self.step, val_loss)
+        self.record_eval(self.step, val_loss, train_loss)
+
+    def check_eval(self, step: int, val_loss: float) -> None:
+        """The divergence guard on the validation loss of ``step``.
+
+        Raises:
+            Diverged: the validation loss is non-finite or above the guard's limit.
+        """
+        reason = divergence_reason(val_loss, 0.0, step, vocab_size=len(self.data.vocab),
                                    warmup_steps=self.cfg.warmup_steps,
                                    margin=self.cfg.divergence_margin)
         if reason:
-            raise Diverged(self.step, f"validation {reason}", val_loss, float("nan"))
+            raise Diverged(step, f"validation {reason}", val_loss, float("nan"))
+
+    def record_eval(self, step: int, val_loss: float, train_loss: float, **extra: Any) -> None:
+        """The ``val`` record (and console line) of the evaluation of ``step``."""
         self.last_val = (val_loss, train_loss)
-        self.last_val_step = self.step
-        self.metrics.write("val", step=self.step, val_loss=round(val_loss, 6),
-                           train_loss=round(train_loss, 6))
+        self.last_val_step = step
+        self.metrics.write("val", step=step, val_loss=round(val_loss, 6),
+                           train_loss=round(train_loss, 6), **extra)
         if self.env.rank == 0:
-            print(f"[ddplab] step {self.step}: val loss {val_loss:.4f}, train loss {train_loss:.4f}",
+            print(f"[ddplab] step {step}: val loss {val_loss:.4f}, train loss {train_loss:.4f}",
                   flush=True)
+
+    def per_step_eval_due(self) -> bool:
+        """per_step: whether the attempt at the next step evaluates the committed one first.
+
+        A function of the committed step only, which every participant of a quorum shares (a
+        joiner is healed before it asks): all of them run the same collectives. Each
+        ``eval_interval``-th step but the last (evaluated locally: no step follows)."""
+        return 0 < self.step < self.cfg.max_steps and self.step % self.cfg.eval_interval == 0
+
+    def per_step_evaluate(self, rank: int, participants: int) -> tuple[float, float, float] | None:
+        """per_step: evaluate the committed step inside the next step's quorum, the windows dealt
+        over the participants (each takes 1/participants of them, so all take the same time and
+        none is late for the next quorum) and summed over them; then the periodic checkpoint
+        of the step (kept until its validation passed). Returns (val loss, train loss, seconds),
+        or None when the sum failed (the step will not commit; it is retried with the next quorum).
+
+        Raises:
+            Diverged: the validation loss diverged (every participant sees the same sum).
+        """
+        t0 = time.perf_counter()
+        sums = self.eval_sums(rank, participants, reduce=self.replica.sum)
+        if sums is None:
+            return None
+        n = self.cfg.eval_iters * self.cfg.per_rank_batch_size
+        val_loss, train_loss = float(sums[0]) / n, float(sums[1]) / n
+        self.check_eval(self.step, val_loss)
+        if self.step % self.cfg.ckpt_interval == 0:
+            self.save_checkpoint("periodic")
+        return val_loss, train_loss, time.perf_counter() - t0
 
     def loop(self) -> None:
         cfg, env = self.cfg, self.env
@@ -791,9 +914,12 @@ class Trainer:
             elif not self.per_step_train_step():
                 continue  # not committed: retried with the next quorum, never counted
             done = self.step == cfg.max_steps
-            if self.step % cfg.eval_interval == 0 or done:
+            # per_step: evaluated (then checkpointed) in the next step's quorum (per_step_evaluate)
+            in_next_quorum = self.per_step and self.per_step_eval_due()
+            if (self.step % cfg.eval_interval == 0 or done) and not in_next_quorum:
                 self.run_eval()
-            if env.local_rank == 0 and (self.step % cfg.ckpt_interval == 0 or done):
+            if (env.local_rank == 0 and not in_next_quorum
+                    and (self.step % cfg.ckpt_interval == 0 or done)):
                 self.save_checkpoint("final" if done else "periodic")
         self.loop_seconds = time.perf_counter() - loop_t0
 
