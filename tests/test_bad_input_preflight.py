@@ -148,19 +148,7 @@ def test_spec_options_drop_unrendered_defaults_and_name_the_role():
     specs = {"ddp_job": yaml.safe_load((REPO / "roles/ddp_job/meta/argument_specs.yml").read_text())}
     options = val.spec_options(specs)
     assert "default" not in options["ddp_job_nnodes_max"] and options["ddp_job_nnodes_max"]["type"] == "int"
-    (record,) = val.arg_records(
-        [
-            "argument 'ddp_job_nnodes_min' is of type str and we were unable to convert "
-            "to int: \"'two'\" cannot be converted to an int"
-        ],
-        "laptop-a",
-        specs,
-    )
-    assert record["name"] == "ddp_job_nnodes_min"
-    assert record["detail"].startswith(
-        "laptop-a: ddp_job_nnodes_min: argument 'ddp_job_nnodes_min' is of type str"
-    )
-    assert "fix: give ddp_job_nnodes_min a int (roles/ddp_job/README.md)" in record["detail"]
+    # the types record that names the variable: tests/test_validate_check.py
 
 
 def test_range_problems_and_train_config():

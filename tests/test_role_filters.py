@@ -106,36 +106,3 @@ def test_shared_values_and_connection_targets():
     assert targets == {"a": "10.0.0.5", "b": "10.0.0.5", "c": "c"}
     assert val.shared_values(targets) == ["a and b share 10.0.0.5"]
     assert val.shared_values({"a": "x", "b": "y", "c": None, "d": None}) == []
-
-
-# `ip -o addr show dev h3xa` in a namespace: a first address off the route, the routed one
-# labelled h3xa:1, an IPv6 one (issue 12's two cases in one interface).
-IP_ADDR_SHOW = (
-    "3: h3xa    inet 192.168.1.23/24 scope global h3xa\\       valid_lft forever preferred_lft forever\n"
-    "3: h3xa    inet 192.168.50.11/24 scope global h3xa:1\\       valid_lft forever preferred_lft forever\n"
-    "3: h3xa    inet6 fd00::1/64 scope global nodad \\       valid_lft forever preferred_lft forever\n"
-    "3: h3xa    inet6 fe80::9899:b6ff:fe2f:a883/64 scope link \\       valid_lft forever\n"
-)
-ROUTE = val.route_info("192.168.50.1 dev h3xa src 192.168.50.11 uid 0 \\    cache ")
-
-
-def test_gloo_ifname_address_is_the_first_address_under_that_exact_name():
-    addrs = val.interface_addresses(IP_ADDR_SHOW)
-    assert [a["label"] for a in addrs] == ["h3xa", "h3xa:1", "h3xa", "h3xa"]
-    assert val.gloo_ifname_address(addrs, "h3xa") == "192.168.1.23"
-    only_labelled = [a for a in addrs if a["address"] != "192.168.1.23"]
-    assert val.gloo_ifname_address(only_labelled, "h3xa") == "fd00::1"  # the "10 vs 2" case
-
-
-def test_gloo_row_warns_for_a_launch_that_bound_the_interface_and_passes_the_route_address():
-    old = "LoadState=loaded\nEnvironment=GLOO_SOCKET_IFNAME=h3xa OMP_NUM_THREADS=1\n"
-    row = val.gloo_address(ROUTE, old, IP_ADDR_SHOW, "laptop-a")
-    assert row["status"] == "warn"
-    assert "gloo binds 192.168.1.23" in row["detail"] and "not 192.168.50.11" in row["detail"]
-    new = "LoadState=loaded\nEnvironment=GLOO_SOCKET_IFNAME=h3xa DDPLAB_GLOO_ADDR=192.168.50.11\n"
-    row = val.gloo_address(ROUTE, new, IP_ADDR_SHOW, "laptop-a")
-    assert row["status"] == "ok" and row["detail"].startswith("binds 192.168.50.11 (DDPLAB_GLOO_ADDR")
-    assert "also holds 192.168.1.23, fd00::1" in row["detail"]
-    never = val.gloo_address(ROUTE, "LoadState=not-found\nEnvironment=\n", IP_ADDR_SHOW, "laptop-a")
-    assert never["status"] == "ok" and "the next launch binds 192.168.50.11" in never["detail"]
-    assert val.gloo_address({"dev": None, "src": None}, "", "", "laptop-a")["status"] == "skip"

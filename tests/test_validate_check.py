@@ -455,3 +455,51 @@ def test_engine_per_step_is_one_ddplab_train_worker_per_laptop():
             f"t-a: ddp_job_fault_tolerance=per_step (worker argv {argv}, nproc_per_node {nproc});"
             " fix: torchelastic or per_step; per_step trains ddplab.train with one worker per laptop"
             " (one torchft replica group each): leave ddp_job_worker_argv empty and ddp_job_nproc_per_node 1")
+
+
+# `ip -o addr show dev h3xa` in a namespace: a first address off the route, the routed one
+# labelled h3xa:1, an IPv6 one (issue 12's two cases in one interface).
+IP_ADDR_SHOW = (
+    "3: h3xa    inet 192.168.1.23/24 scope global h3xa\\       valid_lft forever preferred_lft forever\n"
+    "3: h3xa    inet 192.168.50.11/24 scope global h3xa:1\\       valid_lft forever preferred_lft forever\n"
+    "3: h3xa    inet6 fd00::1/64 scope global nodad \\       valid_lft forever preferred_lft forever\n"
+    "3: h3xa    inet6 fe80::9899:b6ff:fe2f:a883/64 scope link \\       valid_lft forever\n"
+)
+GLOO_ROUTE = {"dev": "h3xa", "src": "192.168.50.11"}
+
+
+def test_gloo_ifname_address_is_the_first_address_under_that_exact_name():
+    addrs = vc._filters.interface_addresses(IP_ADDR_SHOW)
+    assert [a["label"] for a in addrs] == ["h3xa", "h3xa:1", "h3xa", "h3xa"]
+    assert vc._filters.gloo_ifname_address(addrs, "h3xa") == "192.168.1.23"
+    only_labelled = [a for a in addrs if a["address"] != "192.168.1.23"]
+    assert vc._filters.gloo_ifname_address(only_labelled, "h3xa") == "fd00::1"  # the "10 vs 2" case
+
+
+def test_gloo_row_warns_for_a_launch_that_bound_the_interface_and_passes_the_route_address():
+    old = "LoadState=loaded\nEnvironment=GLOO_SOCKET_IFNAME=h3xa OMP_NUM_THREADS=1\n"
+    row = vc.gloo("laptop-a", GLOO_ROUTE, old, IP_ADDR_SHOW)
+    assert row["status"] == "warn"
+    assert "gloo binds 192.168.1.23" in row["detail"] and "not 192.168.50.11" in row["detail"]
+    new = "LoadState=loaded\nEnvironment=GLOO_SOCKET_IFNAME=h3xa DDPLAB_GLOO_ADDR=192.168.50.11\n"
+    row = vc.gloo("laptop-a", GLOO_ROUTE, new, IP_ADDR_SHOW)
+    assert row["status"] == "ok" and row["detail"].startswith("binds 192.168.50.11 (DDPLAB_GLOO_ADDR")
+    assert "also holds 192.168.1.23, fd00::1" in row["detail"]
+    never = vc.gloo("laptop-a", GLOO_ROUTE, "LoadState=not-found\nEnvironment=\n", IP_ADDR_SHOW)
+    assert never["status"] == "ok" and "the next launch binds 192.168.50.11" in never["detail"]
+    assert vc.gloo("laptop-a", {"dev": None, "src": None}, "", "")["status"] == "skip"
+
+
+def test_types_names_the_variable_its_role_and_type():
+    import yaml
+
+    specs = {"ddp_job": yaml.safe_load((PATH.parents[2] / "ddp_job/meta/argument_specs.yml").read_text())}
+    error = ("argument 'ddp_job_nnodes_min' is of type str and we were unable to convert to int:"
+             " \"'two'\" cannot be converted to an int")
+    (rec,) = vc.types("laptop-a", [error], specs, 1)
+    assert rec["name"] == "ddp_job_nnodes_min"
+    assert rec["detail"].startswith(f"laptop-a: ddp_job_nnodes_min: {error}; fix:")
+    assert "fix: give ddp_job_nnodes_min a int (roles/ddp_job/README.md)" in rec["detail"]
+    (unknown,) = vc.types("laptop-a", ["something odd"], specs, 1)
+    assert unknown["name"] is None and unknown["detail"] == (
+        "laptop-a: something odd; fix: correct the variable in the inventory, group_vars or -e")

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import importlib.util
+import ipaddress
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -382,10 +383,28 @@ SETTINGS_FIX = "fix: correct it in the inventory, group_vars or -e"
 
 
 def types(host: str, errors: Sequence[Any], specs: Mapping[str, Any], given: int) -> list[dict]:
-    """The types of the settings given (``errors``: ``validate_argument_spec``'s
-    ``argument_errors`` against the roles' merged ``specs``; ``given``: how many were set): one
-    fail record per error (with ``name``, the variable), else one ok record."""
-    failed = _filters.arg_records(list(errors or []), host, dict(specs))
+    """The types of the settings given: ``errors`` are ``validate_argument_spec``'s
+    ``argument_errors`` against the roles' merged argument ``specs`` (``{role: parsed
+    meta/argument_specs.yml}``), ``given`` how many settings were set. One fail record per error,
+    with ``name`` (the variable, None when no known one is named) and a detail
+    ``host: <variable>: <error>; fix: give <variable> a <type> (roles/<role>/README.md) ...``;
+    else one ok record."""
+    owners, options = _filters.spec_owners(dict(specs)), _filters.spec_options(dict(specs))
+    failed = []
+    for error in errors or []:
+        text = " ".join(str(error).split())
+        name = next((n for n in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text) if n in owners), None)
+        if name is None:
+            detail = f"{host}: {text}; fix: correct the variable in the inventory, group_vars or -e"
+        else:
+            want = options[name].get("type", "str")
+            if options[name].get("elements"):
+                want += f" of {options[name]['elements']}"
+            if options[name].get("choices"):
+                want += " among " + ", ".join(map(str, options[name]["choices"]))
+            detail = (f"{host}: {name}: {text}; fix: give {name} a {want} "
+                      f"(roles/{owners[name]}/README.md) in the inventory, group_vars or -e")
+        failed.append({"check": "types", "status": "fail", "name": name, "detail": detail})
     ok = f"{given} setting(s) given; their types match the roles' argument specs"
     return failed or [record("types", None, ok)]
 
@@ -552,10 +571,44 @@ def dpkg_lock(host: str, holders: Sequence[Mapping[str, Any]], comms: Sequence[M
         "fail" if preflight else "warn")
 
 
-def gloo(host: str, route: Mapping[str, Any], unit_show: str, addr_show: str) -> dict:
-    """Which address gloo binds on the node, against the route's source (the filter module's
-    ``gloo_address``)."""
-    return _filters.gloo_address(dict(route or {}), unit_show or "", addr_show or "", host)
+def gloo(host: str, route: Mapping[str, Any] | None, unit_show: str, addr_show: str) -> dict:
+    """Which address gloo binds on the node, against the route's source.
+
+    Args:
+        route: filter ``validate_route`` of ``ip -4 -o route get <rendezvous address>`` (``{dev, src}``).
+        unit_show: ``systemctl show`` of the agent unit (``LoadState``, ``Environment``).
+        addr_show: ``ip -o addr show dev <route dev>``.
+
+    Returns:
+        ``{check: "gloo", status: ok|warn|skip, detail}``. The last launch's ``DDPLAB_GLOO_ADDR``
+        is what its training program binds; a launch without it (ddp-lab before issue 12) binds
+        ``GLOO_SOCKET_IFNAME``'s first address (filter module's ``gloo_ifname_address``).
+    """
+    src, dev = (route or {}).get("src"), (route or {}).get("dev")
+    if not src:
+        return {"check": "gloo", "status": "skip",
+                "detail": "no route to the rendezvous host: see the route row"}
+    addresses = _filters.interface_addresses(addr_show or "")
+    others = [a["address"] + ("" if a["label"] == dev else f" ({a['label']})") for a in addresses
+              if a["address"] != src and not ipaddress.ip_address(a["address"]).is_link_local]
+    also = f"; {dev} also holds {', '.join(others)}" if others else ""
+    props = _filters.show_props(unit_show or "")
+    env = _filters.unit_environment(props)
+    if props.get("LoadState") != "loaded" or not env:
+        return record("gloo", None,
+                      f"the next launch binds {src} (DDPLAB_GLOO_ADDR, the route's source){also}")
+    if env.get("DDPLAB_GLOO_ADDR"):
+        bound, how = env["DDPLAB_GLOO_ADDR"], "DDPLAB_GLOO_ADDR of the last launch"
+    else:
+        ifname = env.get("GLOO_SOCKET_IFNAME") or ""
+        bound = _filters.gloo_ifname_address(addresses, ifname) if ifname == dev else None
+        how = f"the first address of GLOO_SOCKET_IFNAME={ifname or '(unset)'} of the last launch"
+    problem = None if bound == src else (
+        f"{host}: gloo binds {bound or 'an address of its own choosing'} ({how}), not {src}, the source of"
+        f" the route via {dev}{also}; peers then fail ('Network is unreachable', 'ss_family ... 10 vs 2')"
+        " or wait; fix: launch again with ddp-lab (site.yml or playbooks/train.yml), which passes"
+        " DDPLAB_GLOO_ADDR=<route source>")
+    return record("gloo", problem, f"binds {src} ({how}) = the route's source{also}", "warn")
 
 
 # Checks that are pure functions of their arguments: called as ``check(host, **args)``.

@@ -113,34 +113,6 @@ def spec_owners(specs: dict) -> dict[str, str]:
             for name in (spec["argument_specs"]["main"].get("options") or {})}
 
 
-def arg_records(errors: list, host: str, specs: dict) -> list[dict]:
-    """One failed check record per argument-spec error, naming the variable, its role and a fix.
-
-    ``errors``: ``argument_errors`` of ``validate_argument_spec``; ``specs`` as in
-    :func:`spec_options`. Returns ``[{check: "types", status: "fail", name, detail}]``; ``detail``
-    reads ``host: <variable>: <error>; fix: give <variable> a <type> (roles/<role>/README.md) ...``.
-    """
-    owners = spec_owners(specs)
-    options = spec_options(specs)
-    out = []
-    for error in errors or []:
-        text = " ".join(str(error).split())
-        name = next((n for n in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text) if n in owners), None)
-        if name is None:
-            detail = f"{host}: {text}; fix: correct the variable in the inventory, group_vars or -e"
-        else:
-            option = options[name]
-            want = option.get("type", "str")
-            if option.get("elements"):
-                want += f" of {option['elements']}"
-            if option.get("choices"):
-                want += " among " + ", ".join(map(str, option["choices"]))
-            detail = (f"{host}: {name}: {text}; fix: give {name} a {want} "
-                      f"(roles/{owners[name]}/README.md) in the inventory, group_vars or -e")
-        out.append({"check": "types", "status": "fail", "name": name, "detail": detail})
-    return out
-
-
 def train_config_error(values: dict) -> str:
     """The training program's verdict on a run configuration: ``""`` when valid, else its message.
 
@@ -212,7 +184,7 @@ def clock_offset(date_time: dict, before: float, after: float) -> dict:
             "uncertainty_s": round((after - before) / 2, 3), "beyond_s": round(beyond, 3)}
 
 
-def _show_props(show: str) -> dict[str, str]:
+def show_props(show: str) -> dict[str, str]:
     """``KEY=VALUE`` lines of ``systemctl show`` as a dict."""
     props: dict[str, str] = {}
     for line in (show or "").splitlines():
@@ -222,7 +194,7 @@ def _show_props(show: str) -> dict[str, str]:
     return props
 
 
-def _unit_environment(props: dict[str, str]) -> dict[str, str]:
+def unit_environment(props: dict[str, str]) -> dict[str, str]:
     """The unit's ``Environment`` property (space-separated ``KEY=VALUE`` words) as a dict."""
     env = {}
     for word in shlex.split(props.get("Environment", "") or ""):
@@ -258,48 +230,6 @@ def gloo_ifname_address(addresses: list[dict], ifname: str) -> str | None:
     return None
 
 
-def gloo_address(route: dict, unit_show: str, addr_show: str, host: str) -> dict:
-    """The doctor's ``gloo`` record: which address gloo binds on this node, against the route.
-
-    Args:
-        route: :func:`route_info` of ``ip -4 -o route get <rendezvous address>`` (``{dev, src}``).
-        unit_show: ``systemctl show`` of the agent unit (``LoadState``, ``Environment``).
-        addr_show: ``ip -o addr show dev <route dev>``.
-        host: the inventory name, for the message.
-
-    Returns:
-        ``{check: "gloo", status: ok|warn|skip, detail}``. The last launch's ``DDPLAB_GLOO_ADDR``
-        is what its training program binds; a launch without it (ddp-lab before issue 12) binds
-        ``GLOO_SOCKET_IFNAME``'s first address (:func:`gloo_ifname_address`).
-    """
-    src, dev = (route or {}).get("src"), (route or {}).get("dev")
-    if not src:
-        return {"check": "gloo", "status": "skip",
-                "detail": "no route to the rendezvous host: see the route row"}
-    addresses = interface_addresses(addr_show)
-    others = [a["address"] + ("" if a["label"] == dev else f" ({a['label']})") for a in addresses
-              if a["address"] != src and not ipaddress.ip_address(a["address"]).is_link_local]
-    also = f"; {dev} also holds {', '.join(others)}" if others else ""
-    props = _show_props(unit_show)
-    env = _unit_environment(props)
-    if props.get("LoadState") != "loaded" or not env:
-        return {"check": "gloo", "status": "ok",
-                "detail": f"the next launch binds {src} (DDPLAB_GLOO_ADDR, the route's source){also}"}
-    if env.get("DDPLAB_GLOO_ADDR"):
-        bound, how = env["DDPLAB_GLOO_ADDR"], "DDPLAB_GLOO_ADDR of the last launch"
-    else:
-        ifname = env.get("GLOO_SOCKET_IFNAME") or ""
-        bound = gloo_ifname_address(addresses, ifname) if ifname == dev else None
-        how = f"the first address of GLOO_SOCKET_IFNAME={ifname or '(unset)'} of the last launch"
-    if bound == src:
-        return {"check": "gloo", "status": "ok", "detail": f"binds {src} ({how}) = the route's source{also}"}
-    return {"check": "gloo", "status": "warn",
-            "detail": f"{host}: gloo binds {bound or 'an address of its own choosing'} ({how}), not {src}, "
-                      f"the source of the route via {dev}{also}; peers then fail ('Network is unreachable', "
-                      "'ss_family ... 10 vs 2') or wait; fix: launch again with ddp-lab (site.yml or "
-                      "playbooks/train.yml), which passes DDPLAB_GLOO_ADDR=<route source>"}
-
-
 def unit_launch(show: str) -> dict:
     """What the node's last agent launch passed, from ``systemctl show UNIT -p
     LoadState,ExecStart,Environment``: ``{loaded, local_addr, rdzv_endpoint, gloo_socket_ifname}``.
@@ -307,7 +237,7 @@ def unit_launch(show: str) -> dict:
     ``ExecStart`` reads ``{ path=... ; argv[]=python -m ddplab.agent --nnodes 1:3 ... ; ... }``;
     ``Environment`` is space-separated ``KEY=VALUE`` words. Values not passed are None.
     """
-    props = _show_props(show)
+    props = show_props(show)
     argv: list[str] = []
     match = re.search(r"argv\[\]=(.*?) ;", props.get("ExecStart", ""))
     if match:
@@ -324,7 +254,7 @@ def unit_launch(show: str) -> dict:
                 return word.split("=", 1)[1]
         return None
 
-    env = _unit_environment(props)
+    env = unit_environment(props)
     return {"loaded": props.get("LoadState") == "loaded" and bool(argv),
             "local_addr": flag("--local-addr") or flag("--local_addr"),
             "rdzv_endpoint": flag("--rdzv-endpoint") or flag("--rdzv_endpoint"),
