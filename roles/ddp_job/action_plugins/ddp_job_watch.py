@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import time
 from pathlib import Path
@@ -173,15 +174,20 @@ class ActionModule(ActionBase):
             args["label"],
             "--json",
         ] + (["--chunks-from", json.dumps(live.offsets)] if live is not None else [])
-        res = self._execute_module(
-            module_name="ansible.builtin.command", module_args={"argv": argv}, task_vars=task_vars
-        )
-        if res.get("unreachable"):
-            raise AnsibleConnectionFailure(res.get("msg", "unreachable"))
-        if res.get("failed") or res.get("rc", 1) != 0:
-            err = (res.get("stderr") or res.get("msg") or "").strip().splitlines()
+        # The command itself over the connection (as the become user), not the command module: no
+        # module payload to ship and start in a second Python on the node. Measured on molecule
+        # containers at load ~9: 1.8 s vs 5.3 s for `ansible -m raw|command` on 3 nodes.
+        res = self._low_level_execute_command(shlex.join(argv), sudoable=True)
+        if res.get("rc") == 127:  # the shell's "not found"
+            raise AnsibleError("progress command failed: the venv's python is not there (exit 127; "
+                               "not provisioned? site.yml)")
+        if res.get("rc", 1) != 0:
+            err = (res.get("stderr") or res.get("stdout") or "").strip().splitlines()
             raise AnsibleError(f"progress command failed: {err[-1] if err else res.get('rc')}")
-        return json.loads(res["stdout"].strip().splitlines()[-1])
+        try:
+            return json.loads(res["stdout"].strip().splitlines()[-1])
+        except (ValueError, IndexError) as exc:
+            raise AnsibleError(f"progress command printed no JSON: {first_line(exc)}") from exc
 
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
