@@ -78,10 +78,52 @@ def val_points(run: RunFolder) -> list[tuple[int, float]]:
 Restart = GroupStart  # one (re)start of the group: time, resumed step, world size, initial
 
 
+@dataclass(frozen=True)
+class ReplicaStart(GroupStart):
+    """per_step: one start of a replica's worker on ``host``. ``step`` is the first step it
+    committed after that start (0: none) and ``world_size`` that step's participants: a replica
+    takes a live peer's state at its first quorum, so its checkpoint's step says little.
+    ``initial``: the host's first start."""
+
+    host: str = ""
+
+
 def restarts(run: RunFolder) -> list[Restart]:
     """The group's (re)starts (:func:`ddplab.controller.rundir.group_starts`: one per rank-0
-    ``start`` record)."""
-    return group_starts(run.records)
+    ``start`` record); under per_step each replica's worker starts (:class:`ReplicaStart`: every
+    replica is rank 0 of its own group of 1, so its launch is no group restart)."""
+    if engine(run) != "per_step":
+        return group_starts(run.records)
+    out: list[Restart] = []
+    seen: set[str] = set()
+    for r in by_time(run.by_event("start")):
+        host, t = str(r.get("host")), num(r.get("time"))
+        if t is None:
+            continue
+        first = next((s for s in by_time(run.by_event("step")) if s.get("host") == host
+                      and s.get("committed") and (num(s.get("time")) or 0.0) >= t), {})
+        out.append(ReplicaStart(t, as_int(first.get("step")) or 0, as_int(first.get("participants")) or 0,
+                                host not in seen, host))
+        seen.add(host)
+    return out
+
+
+def start_line(r: Restart, clock: str) -> str:
+    """One entry of the report's list of (re)starts, ``clock`` its time since the first record."""
+    if isinstance(r, ReplicaStart):
+        what = f"{clock} {r.host} {'launch' if r.initial else 'restarted'}"
+        return what + (f", first commit step {r.step} at {r.world_size} participants" if r.step else
+                       ", no step committed")
+    return f"{clock} N={r.world_size} from step {r.step}" + (" (launch)" if r.initial else "")
+
+
+def distinct_samples(samples: dict[str, str]) -> list[tuple[str, str]]:
+    """``(files, text)`` per distinct generated text, by host: under per_step every node writes
+    the same ``sample.txt`` (each is rank 0 of its replica group), shown once with its files."""
+    by_text: dict[str, list[str]] = defaultdict(list)
+    for host, text in sorted(samples.items()):
+        by_text[text].append(f"{host}/sample.txt")
+    return [(", ".join(files), text) for text, files in by_text.items()]
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from typing import Any
 from ddplab.controller import straggler
 from ddplab.controller.report.data import (
     Fault,
+    ReplicaStart,
     Restart,
     engine,
     faults,
@@ -116,7 +117,10 @@ def _mark_faults_steps(ax, run: RunFolder, fl: list[Fault], rs: list[Restart], s
     faults_at = [(s, f"{f.mode} {f.node}", "crimson", 1.5)
                  for f in fl if (s := step_at(run, f.time)) is not None]
     _marker_labels(ax, faults_at, span, levels=2)
-    restarts = [(r.step, f"N={r.world_size}", "darkorange", 1.2) for r in rs if not r.initial]
+    # under per_step: where a restarted replica committed again (none: no marker)
+    restarts = [(r.step, f"{r.host} back" if isinstance(r, ReplicaStart) else f"N={r.world_size}",
+                 "darkorange", 1.2) for r in rs
+                if not r.initial and (r.step or not isinstance(r, ReplicaStart))]
     _marker_labels(ax, restarts, span, first_row=2, levels=2)
 
 
