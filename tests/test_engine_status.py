@@ -15,7 +15,9 @@ LIGHTHOUSE = {
     "supervisor_pid": 88,
     "restarts": 0,
     "quorum_id": 4,
-    "participants": [{"replica_id": "laptop-a", "step": 12}, {"replica_id": "laptop-c", "step": 12}],
+    # torchft's Manager appends ":<uuid>" to the replica id it is given (the node's name)
+    "participants": [{"replica_id": "laptop-a:3f2a6c1e-8d6b-4c1e-9a57-0b7e2d4f5a61", "step": 12},
+                     {"replica_id": "laptop-c", "step": 12}],
 }
 STORE = {
     "running": True,
@@ -48,7 +50,7 @@ def test_per_step_table_shows_engine_and_lighthouse():
     assert lines[-2].startswith("rendezvous store: running on port 29400")
     assert lines[-1] == (
         "torchft lighthouse: running on port 29510 at 10.89.0.1 (answering, supervisor pid 88, "
-        "restarts 0, quorum 4 of laptop-a, laptop-c)"
+        "restarts 0, quorum id 4, participants laptop-a, laptop-c)"
     )
     # per_step with the lighthouse down: its line says so
     down = t.table.render(rows, STORE, "r1", width=200, lighthouse={"running": False, "port": 29510})

@@ -118,11 +118,12 @@ def store_line(store: Mapping[str, Any]) -> str:
 
 def lighthouse_line(lighthouse: Mapping[str, Any]) -> str:
     """The torchft lighthouse in one line (:func:`service_line`), with the quorum when it answers:
-    ``, quorum 4 of laptop-a, laptop-b``."""
+    ``, quorum id 4, participants laptop-a, laptop-b``. A participant is named by its replica id
+    without the ``:<uuid>`` torchft's Manager appends to it (the node's name)."""
     more = ""
     if lighthouse.get("quorum_id") is not None:
-        names = [str(p.get("replica_id")) for p in lighthouse.get("participants") or []]
-        more = f", quorum {lighthouse['quorum_id']} of {', '.join(names) or 'nobody'}"
+        names = [str(p.get("replica_id")).split(":", 1)[0] for p in lighthouse.get("participants") or []]
+        more = f", quorum id {lighthouse['quorum_id']}, participants {', '.join(names) or 'none'}"
     return service_line("torchft lighthouse", lighthouse, more)
 
 
