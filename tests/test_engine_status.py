@@ -55,6 +55,10 @@ def test_per_step_table_shows_engine_and_lighthouse():
     # per_step with the lighthouse down: its line says so
     down = t.table.render(rows, STORE, "r1", width=200, lighthouse={"running": False, "port": 29510})
     assert down.splitlines()[-1] == "torchft lighthouse: stopped (port 29510)"
+    # per_step starts no controller store (roles/rendezvous): no store line when none runs
+    no_store = t.table.render(rows, {"running": False, "port": 29400}, "r1", width=200, lighthouse=LIGHTHOUSE)
+    assert "rendezvous store" not in no_store
+    assert no_store.splitlines()[-1].startswith("torchft lighthouse: running")
 
 
 def test_torchelastic_table_has_no_lighthouse_line():

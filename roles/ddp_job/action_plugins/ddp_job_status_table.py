@@ -136,7 +136,8 @@ def engine_of(rows: Sequence[Mapping[str, str]]) -> str:
 def render(rows: Sequence[Mapping[str, str]], store: Mapping[str, Any], run_id: str = "",
            width: int = 160, lighthouse: Mapping[str, Any] | None = None) -> str:
     """The table (``rich``, plain text without colour codes) under a heading naming the run and its
-    engine, the store's line below it, and the lighthouse's when the engine is per_step or it runs."""
+    engine, the store's line below it (per_step: only when a store runs) and the lighthouse's when
+    the engine is per_step or it runs."""
     engine = engine_of(rows)
     title = (f"run {run_id}" if run_id else "no run") + (f" (engine {engine})" if engine else "")
     table = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left", pad_edge=False)
@@ -149,7 +150,8 @@ def render(rows: Sequence[Mapping[str, str]], store: Mapping[str, Any], run_id: 
     buf = io.StringIO()
     console = Console(file=buf, width=width, color_system=None, force_terminal=False, legacy_windows=False)
     console.print(table)
-    console.print(store_line(store), markup=False, highlight=False)
+    if "per_step" not in engine or store.get("running"):  # per_step uses no controller store
+        console.print(store_line(store), markup=False, highlight=False)
     if "per_step" in engine or (lighthouse or {}).get("running"):
         console.print(lighthouse_line(lighthouse or {}), markup=False, highlight=False)
     return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()).strip("\n")
