@@ -392,6 +392,9 @@ def test_attach_follows_the_job_then_collects_and_reports(tmp_path):
     assert (run / "laptop-x" / "metrics" / "laptop-x-local0.jsonl").is_file()
     assert (run / "report.html").is_file()
     assert f"report: {run}/report.html" in text, text
+    # written once, by collect from what it brought home (not again by playbooks/report.yml)
+    assert text.count("TASK [collect : Write the report from the collected run]") == 1, text
+    assert "TASK [Write the report]" not in text, text
 
 
 RUN_ID = "20261130-190000-abcd"
