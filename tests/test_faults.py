@@ -412,3 +412,20 @@ def test_newest_per_worker_lists_ranks_world_size_and_step(run):
     ws = faults.newest_per_worker(rundir.load_run(run.dir).records)
     assert [(w["host"], w["rank"], w["event"], w["step"], w["world_size"]) for w in ws] == [
         ("laptop-a", 0, "step", 4, 3), ("laptop-c", 2, "step", 4, 3), ("laptop-b", 1, "failure", 4, 3)]
+
+
+@pytest.mark.parametrize("stop_at, blamed", [(70.5, False), (70.7, True)])
+def test_a_stop_during_a_freeze_is_not_its_cause_when_recorded_before_the_sigterm(run, stop_at, blamed):
+    """stop.yml records its stop event before it stops the agents (roles/ddp_job tasks/stopped.yml):
+    the SIGTERM's failure records come after it and the freeze's row names no SIGTERM. Recorded
+    after them (stop.yml before this change, the second case) the row blamed the stop's SIGTERM."""
+    run.start(ABC, T0 - 1)
+    run.steps(ABC, 1, 60, T0)
+    run.fault("freeze", "laptop-b", T0 + 59.5, rank=1, duration_s=90)
+    sigterm = "SignalException: Process 7114 got signal: 15"
+    run.failure("laptop-a", T0 + 70.6, 0, 3, step=60, error=sigterm)
+    with (run.dir / "events.jsonl").open("a") as fh:
+        fh.write('{"time": %f, "kind": "stop"}\n' % (T0 + stop_at))
+    (m,) = run.measures()
+    assert m.outcome != "recovered"
+    assert ("got signal: 15" in (m.cause or "")) is blamed, m
