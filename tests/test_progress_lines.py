@@ -52,9 +52,9 @@ class _FakeAwait(await_plugin.ActionModule):
     def __init__(self, statuses, listings):
         self.statuses, self.listings, self.calls = list(statuses), list(listings), []
 
-    def _status(self, jid, task_vars):
-        self.calls.append(("status", jid))
-        return self.statuses.pop(0)
+    def _status(self, jid, task_vars, mode="status"):
+        self.calls.append((mode, jid))
+        return self.statuses.pop(0) if mode == "status" else {"erased": "/root/.ansible_async/" + jid}
 
     def _probe(self, path, task_vars):
         self.calls.append(("find", path))
@@ -79,6 +79,8 @@ def test_await_prints_a_line_per_interval_and_returns_the_job_result(monkeypatch
     assert "0 of 2 in place" in lines[0] and "1 of 2 in place (numpy)" in lines[1]
     assert res["changed"] is True and res["rc"] == 0 and res["polls"] == 4
     assert "ansible_job_id" not in res and "results_file" not in res
+    # the finished job's results file is removed from the node (a reset leaves nothing of it)
+    assert plugin.calls[-1] == ("cleanup", "j1") and ("cleanup", "j1") not in plugin.calls[:-1]
 
 
 def test_status_reads_the_job_where_async_put_it():
@@ -90,7 +92,8 @@ def test_status_reads_the_job_where_async_put_it():
     plugin._execute_module = lambda module_name, module_args, task_vars: calls.append(
         (module_name, module_args)) or {"finished": 0}
     assert plugin._status("j9", {}) == {"finished": 0}
-    assert calls == [("ansible.legacy.async_status", {"jid": "j9", "_async_dir": "/root/.ansible_async"})]
+    assert calls == [("ansible.legacy.async_status", {"jid": "j9", "mode": "status",
+                                                      "_async_dir": "/root/.ansible_async"})]
 
 
 def test_install_runs_async_with_the_waiting_task_after_it():

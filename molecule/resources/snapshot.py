@@ -41,6 +41,9 @@ IGNORE = (
     "/etc/ld.so.cache",                      # rebuilt by every package install
     "/home/*/.ansible", "/home/*/.ansible/*",  # Ansible's remote temporary folder of the ssh account
     "/root/.ansible", "/root/.ansible/*",
+    # Ansible's async job folder of the sudo account (the folder alone: ddp_lab_await removes each
+    # job's results file when the job has finished, a file left in it is a difference)
+    "/root/.ansible_async", "/home/*/.ansible_async",
     "/home/*/.cache", "/home/*/.cache/*",
     "/etc/passwd-", "/etc/group-", "/etc/shadow-", "/etc/gshadow-",  # backups shadow-utils writes
     "/etc/subuid-", "/etc/subgid-",

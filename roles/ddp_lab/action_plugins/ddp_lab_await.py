@@ -55,11 +55,14 @@ class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _requires_connection = True
 
-    def _status(self, jid: str, task_vars: dict) -> dict:
+    def _status(self, jid: str, task_vars: dict, mode: str = "status") -> dict:
+        """async_status of job ``jid`` on the node; ``mode: cleanup`` removes the job's results
+        file (nothing of the job is left on the node)."""
         # the job's folder on the node, as the async_status action gives it to its module
         async_dir = self._remote_expand_user(self.get_shell_option("async_dir", default="~/.ansible_async"))
         res = self._execute_module(module_name="ansible.legacy.async_status",
-                                   module_args={"jid": jid, "_async_dir": async_dir}, task_vars=task_vars)
+                                   module_args={"jid": jid, "mode": mode, "_async_dir": async_dir},
+                                   task_vars=task_vars)
         if res.get("unreachable"):
             raise AnsibleError(res.get("msg", "unreachable"))
         return res
@@ -97,6 +100,7 @@ class ActionModule(ActionBase):
                     done = in_place(args["probe_patterns"], names) if names is not None else None
                 display.display(progress_line(host, args["what"], elapsed, done, len(args["probe_patterns"])))
             time.sleep(args["interval_s"] if polls > 1 else min(args["interval_s"], 2.0))
+        self._status(args["jid"], task_vars, mode="cleanup")  # the job's results file goes (reset.yml)
         for key in ("ansible_job_id", "started", "finished", "results_file", "erased"):
             job.pop(key, None)
         result.update(job)
