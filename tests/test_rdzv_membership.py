@@ -27,11 +27,13 @@ class FakeHandler:
 
     def __init__(self) -> None:
         self._this_node = "node-a"
-        self._state_holder = SimpleNamespace(state=SimpleNamespace(round=0, participants={}))
+        self._state_holder = SimpleNamespace(state=SimpleNamespace(round=0, complete=False, participants={}))
         self.waiting = 0
 
-    def set_state(self, round_: int, participants: list[str]) -> None:
-        self._state_holder.state = SimpleNamespace(round=round_, participants=dict.fromkeys(participants, 0))
+    def set_state(self, round_: int, participants: list[str], complete: bool = True) -> None:
+        self._state_holder.state = SimpleNamespace(
+            round=round_, complete=complete, participants=dict.fromkeys(participants, 0)
+        )
 
     def next_rendezvous(self) -> str:
         self.set_state(4, ["node-a", "node-b"])
@@ -48,9 +50,11 @@ def test_watch_reports_a_waiting_node_when_the_round_moved_on_without_it(capsys)
     assert h.next_rendezvous() == "info"
     assert h.joined_round == 4
     assert h.num_nodes_waiting() == 0  # still a participant of the joined round
+    inner.set_state(5, ["node-b"], complete=False)  # round 5 open without us: no group yet
+    assert h.num_nodes_waiting() == 0
     inner.set_state(5, ["node-b"])  # the others dropped us and formed round 5
     assert h.num_nodes_waiting() == 1
-    assert "round 4 but the store is at round 5" in capsys.readouterr().err
+    assert "round 4 but round 5 was formed without it" in capsys.readouterr().err
     inner.waiting = 2  # torch's own count wins when nodes wait
     assert h.num_nodes_waiting() == 2
 
@@ -62,8 +66,20 @@ def test_watch_only_logs_a_drop_from_a_round_that_goes_on(capsys):
     inner.set_state(4, ["node-b"])  # same round: our workers are still in its group
     assert h.num_nodes_waiting() == 0
     assert h.num_nodes_waiting() == 0
-    assert capsys.readouterr().err.count("dropped from the participants of round 4") == 1
+    assert capsys.readouterr().err.count("dropped from the rendezvous state (round 4") == 1
     assert h.get_backend() == "ddplab-c10d"
+
+
+def test_watch_restarts_nothing_when_every_agent_missed_its_heartbeats(capsys):
+    """Seen on the lab at load 20: right after the first round of 3, all three agents' heartbeats
+    expired at once; the emptied round 0 was closed (round 1, no participants). The workers are
+    still one group of 3: no agent may restart (a first version of the watch restarted all)."""
+    inner = FakeHandler()
+    h = agent.MembershipWatchedHandler(inner)
+    h.next_rendezvous()
+    inner.set_state(5, [], complete=False)
+    assert h.num_nodes_waiting() == 0
+    assert "re-joining" not in capsys.readouterr().err
 
 
 def test_watch_refuses_a_handler_without_rendezvous_state():

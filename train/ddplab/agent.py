@@ -42,11 +42,12 @@ agent restarts its workers for a membership change only when nodes wait for the 
 keep_alive_max_attempt) is dropped from the store's state by the other agents; if it was the last
 participant of its round they open the next round and form a group without it, while its own
 workers, healthy at world size 1, go on training alone (seen under load > 19). The watch compares
-the round the agent joined with the store's current round at every monitor interval; when the
-round moved on, the agent reports a node waiting, so torch restarts its workers and it joins the
-next round like any newcomer (the others then re-form the group with it). An agent dropped from a
-round that still goes on (its workers are in that round's group) only logs it: it re-joins at the
-next membership change.
+the round the agent joined with the store's state at every monitor interval; when a later round
+is complete without this node, the agent reports a node waiting, so torch restarts its workers and
+it joins the next round like any newcomer (the others then re-form the group with it). An agent
+dropped while no group formed without it (its round goes on, or every agent missed its heartbeats
+at once and the emptied round was closed: the workers are still one group) only logs it: it
+re-joins at the next membership change.
 
 Exit status: torchrun's (0 when the workers finished; 1 with torchrun's error report otherwise);
 2 for a bad barrier setting (nothing started).
@@ -103,10 +104,10 @@ class MembershipWatchedHandler:
     """torch's c10d rendezvous handler (``DynamicRendezvousHandler``) with a membership watch.
 
     Every call is torch's, except :meth:`num_nodes_waiting` (called by torch's agent once per
-    monitor interval while its workers are healthy): it also returns 1 when the store's rendezvous
-    state has moved to another round than the one this node joined, i.e. the other agents dropped
-    this node (its heartbeats expired) and re-formed the group without it. torch's agent then
-    restarts its workers and re-joins (a membership change: no ``--max-restarts`` used).
+    monitor interval while its workers are healthy): it also returns 1 when a later round than the
+    one this node joined is complete without it, i.e. the other agents dropped this node (its
+    heartbeats expired) and formed a group without it. torch's agent then restarts its workers and
+    re-joins (a membership change: no ``--max-restarts`` used).
 
     ``inner``: the handler torch's ``c10d`` backend creates. Raises RuntimeError when it lacks the
     rendezvous state of torch's DynamicRendezvousHandler (``_state_holder``/``_this_node``; torch
@@ -136,26 +137,33 @@ class MembershipWatchedHandler:
         self.joined_round = self._inner._state_holder.state.round
         return info
 
-    def membership(self) -> tuple[int, bool]:
-        """``(current round, this node is among its participants)`` in the state last synced."""
+    def membership(self) -> tuple[int, bool, bool]:
+        """``(current round, it is complete, this node is among its participants)`` in the state
+        last synced."""
         state = self._inner._state_holder.state
-        return state.round, self._inner._this_node in state.participants
+        return state.round, state.complete, self._inner._this_node in state.participants
 
     def num_nodes_waiting(self) -> int:
         """Nodes waiting for the next round (torch's count, which syncs the state and drops
-        nodes whose heartbeats expired), or 1 when the rendezvous moved past the joined round."""
+        nodes whose heartbeats expired), or 1 when a later round than the joined one is complete
+        without this node (a group formed without it).
+
+        A later round that is not complete (e.g. every agent of a loaded machine missed its
+        heartbeats at once and the emptied round was closed: the workers still form one group)
+        is no split and restarts nothing; the watch acts once such a round completes without it.
+        """
         waiting = self._inner.num_nodes_waiting()
         if waiting or self.joined_round is None:
             return waiting
-        current, member = self.membership()
-        if current != self.joined_round:
-            _log(f"membership watch: this node trains in rendezvous round {self.joined_round} but the "
-                 f"store is at round {current} without it (its heartbeats expired); re-joining")
+        current, complete, member = self.membership()
+        if current != self.joined_round and complete and not member:
+            _log(f"membership watch: this node trains in rendezvous round {self.joined_round} but "
+                 f"round {current} was formed without it (its heartbeats expired); re-joining")
             return 1
         if not member and self._warned_round != current:
             self._warned_round = current
-            _log(f"membership watch: dropped from the participants of round {current} (heartbeats "
-                 "expired) while its workers stay in that round's group; re-joins at the next change")
+            _log(f"membership watch: dropped from the rendezvous state (round {current}, heartbeats "
+                 "expired) while its workers stay in their group; re-joins at the next change")
         return 0
 
     def is_closed(self) -> bool:
