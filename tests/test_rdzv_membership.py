@@ -143,3 +143,40 @@ def test_agent_frozen_past_its_heartbeats_rejoins_instead_of_training_alone(tmp_
         if c.agents:
             os.kill(c.agents[0].pid, signal.SIGCONT)
         c.close()
+
+
+def test_event_names_match_torchs_without_inspecting_the_stack():
+    """ddplab.agent.caller_name returns what torch's get_method_name returns, at every depth, in
+    microseconds instead of about a millisecond (inspect.stack())."""
+    import time
+
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    torch_names = dynamic_rendezvous.get_method_name
+
+    class Executor:
+        def _record(self, namer, depth):
+            return namer(depth)
+
+        def _keep_alive(self, namer, depth):
+            return self._record(namer, depth)
+
+    ex = Executor()
+    for depth in (1, 2, 3, 500):  # 0 is each function itself
+        assert ex._keep_alive(agent.caller_name, depth) == ex._keep_alive(torch_names, depth), depth
+    assert ex._keep_alive(agent.caller_name, 2) == "_keep_alive"
+    t = time.process_time()
+    for _ in range(1000):
+        ex._keep_alive(agent.caller_name, 2)
+    assert time.process_time() - t < 0.5  # 1000 calls; torch's takes ~1 ms each
+
+
+def test_agent_installs_the_cheap_event_names():
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    before = dynamic_rendezvous.get_method_name
+    try:
+        agent.cheap_event_names()
+        assert dynamic_rendezvous.get_method_name is agent.caller_name
+    finally:
+        dynamic_rendezvous.get_method_name = before
