@@ -214,7 +214,7 @@ def caller_name(depth: int = 2) -> str:
     ``sys.modules`` for frames of no module, about 1 ms of CPU per event in an agent that imported
     ``ddplab.train`` (1,175 modules). The rendezvous loop and the heartbeat thread record several
     events per second; on the lab at load 20-25, py-spy found the rendezvousing agent's main thread
-    inside ``inspect.stack`` in 13 of 13 samples.
+    inside ``inspect.stack`` in 8 of 8 samples (py-spy dump).
     """
     try:
         return sys._getframe(depth).f_code.co_name  # frame 0: this function, as inspect.stack()[0]
