@@ -26,3 +26,18 @@ def test_stop_stops_a_running_agent_whose_state_ddplab_cannot_read(tmp_path):
     assert out.returncode == 0, text
     assert (tmp_path / "units/agent-laptop-run.stopped_at").exists(), text  # systemctl stop ran
     assert "laptop-run" in text and "changed=1" in text, text
+
+
+@pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
+def test_stop_check_mode_leaves_a_running_job_alone_and_succeeds(tmp_path):
+    """stop.yml --check (and reset.yml --check, which runs the same tasks) on a running job: the stop
+    is only pretended, so the job's processes rightly still run; it must neither stop the agent nor
+    fail telling the user to pkill the healthy job (newcomer, 2026-12-01: 'training processes still
+    run after stopping ddp-lab-agent (pids 1701 1717); fix: pkill -u ddp')."""
+    inv, env = _stop_case(tmp_path, {"laptop-run": "running"})
+    (tmp_path / "bin/pgrep").write_text("#!/bin/sh\necho 1701\necho 1717\nexit 0\n")  # the job runs
+    out = _play(inv, env, "playbooks/stop.yml", check=True)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert "pkill" not in text, text
+    assert not (tmp_path / "units/agent-laptop-run.stopped_at").exists(), text  # nothing stopped
