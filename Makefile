@@ -96,7 +96,7 @@ lint: venv ## ansible-lint (production profile), yamllint, ruff
 	ansible-lint
 	ruff check .
 
-molecule: venv image ## run the multi-node molecule scenarios ($(SCENARIOS))
+molecule: venv image ## run the multi-node molecule scenarios (SCENARIOS=..., default: default fault reset)
 	set -e; for s in $(SCENARIOS); do \
 	  start=$$(date +%s); molecule test -s $$s; echo "molecule $$s: $$(( $$(date +%s) - start )) s"; \
 	done
