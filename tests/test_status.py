@@ -181,3 +181,43 @@ def test_cli_prints_the_json_the_watch_reads(tmp_path, capsys):
     assert (p["run_id"], p["step"], p["max_steps"], p["world_size"], p["rank"]) == ("run-x", 50, 50, 2, 0)
     assert st.main(["--out-dir", str(tmp_path / "none"), "--unit", ""]) == 0
     assert "no metrics yet" in capsys.readouterr().out
+
+
+def _long_file(path, n_steps, start_at=0, **start):
+    """A metrics file of a log_interval 1 run: ``n_steps`` step records, the start record after
+    ``start_at`` of them (written by ddplab.metrics.MetricsWriter, as on a node)."""
+    from ddplab.metrics import MetricsWriter
+
+    w = MetricsWriter(path.parent, host="h", rank=0, local_rank=0, world_size=3, restart_count=0)
+    for s in range(1, n_steps + 1):
+        if s - 1 == start_at:
+            w.write("start", run_id="run-long", max_steps=50_000, engine="per_step", **start)
+        w.write("step", step=s, loss=2.0, tokens_per_s=1000.0, step_time_s=0.5, lr=1e-3, grad_norm=1.0)
+    w.close()
+    return w.path
+
+
+@pytest.mark.parametrize("start_at", [0, 1200])
+def test_long_run_keeps_the_facts_of_its_start(tmp_path, start_at):
+    """status on a log_interval 1 run longer than TAIL_BYTES (newcomer, 2026-12-01: 'running -
+    22427/?' and a store line instead of the lighthouse): run id, max_steps and engine come from
+    the file's newest start record wherever it is (also a resumed launch's, mid-file)."""
+    out = tmp_path / "run"
+    path = _long_file(out / "metrics" / "h-local0.jsonl", 6000, start_at=start_at)
+    assert path.stat().st_size > 3 * st.TAIL_BYTES
+    doc = st.progress(out, unit=None, host="h")
+    p = doc["progress"]
+    assert (p["run_id"], p["max_steps"], p["engine"], p["step"]) == ("run-long", 50_000, "per_step", 6000)
+    assert "step  6000/50000" in doc["line"]
+
+
+def test_newest_start_record_skips_lines_that_only_mention_a_start(tmp_path):
+    f = tmp_path / "m.jsonl"
+    lines = [{"event": "start", "time": 1, "run_id": "a"}, {"event": "start", "time": 2, "run_id": "b"},
+             {"event": "failure", "time": 3, "error": 'text with "event":"start" inside'},
+             {"event": "step", "time": 4, "note": {"event": "start"}}]
+    f.write_text("".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines))
+    assert st.newest_start_record(f, f.stat().st_size)["run_id"] == "b"
+    assert st.newest_start_record(f, 5)["run_id"] == "a"  # only lines that begin before byte 5
+    (tmp_path / "empty.jsonl").write_text("")
+    assert st.newest_start_record(tmp_path / "empty.jsonl", 100) is None

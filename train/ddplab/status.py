@@ -1,8 +1,9 @@
 """The state of the training job on this node: ``python -m ddplab.status --out-dir DIR``.
 
 Runs on a node (node runtime: shipped in the wheel), read-only: the tail of the run's metrics
-files (``DIR/metrics/*.jsonl``, at most ``TAIL_BYTES`` of each) and ``systemctl show`` of the
-agent unit. Prints one progress line, e.g.
+files (``DIR/metrics/*.jsonl``, at most ``TAIL_BYTES`` of each, plus the newest ``start`` record of
+a file whose tail holds none: :func:`read_node_metrics`) and ``systemctl show`` of the agent unit.
+Prints one progress line, e.g.
 ``laptop-a  step  120/1500  loss 2.314  val 2.410  ws 3  rank 0  12.3k tok/s  restarts 0  [running]``,
 or with ``--json`` ``{host, state, unit, progress, line}``: ``state`` is ``running | succeeded |
 failed | absent`` (:func:`job_state`), ``progress`` the newest figures (:func:`node_progress`:
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import socket
 import subprocess
 import sys
@@ -30,9 +32,21 @@ from pathlib import Path
 from typing import Any
 
 from ddplab import faults
-from ddplab.records import Record, as_int, events_of, num, read_metrics_dir, read_new_lines
+from ddplab.records import (
+    Record,
+    as_int,
+    by_time,
+    events_of,
+    num,
+    read_jsonl,
+    read_metrics_dir,
+    read_new_lines,
+)
 
 TAIL_BYTES = 256 * 1024  # read at most this much of the end of each metrics file
+# How a start record begins (ddplab.metrics.MetricsWriter: compact JSON, ``event`` first; the
+# spaced form of json.dumps' default separators too): found by a byte search, not by parsing.
+START_MARKS = (b'"event":"start"', b'"event": "start"')
 CHUNK_BYTES = 1024 * 1024  # --chunks-from: at most this much of each metrics file per call
 
 
@@ -76,6 +90,62 @@ def job_state(unit: Mapping[str, str], records: Sequence[Record]) -> str:
     if active in ("active", "activating", "reloading", "deactivating"):
         return "running"
     return "succeeded" if events_of(records, "end") else "absent"
+
+
+def newest_start_record(path: str | Path, end: int) -> dict[str, Any] | None:
+    """The newest ``start`` record of the metrics file ``path`` whose line begins before byte
+    ``end`` (the run id, max_steps and engine of a launch: they are written once, at its start), or
+    None when there is none.
+
+    A backward byte search for :data:`START_MARKS` over the file mapped in memory (mmap), then one
+    line parsed: a 50 MB file costs milliseconds (docs/running.md). Raises OSError when the file
+    cannot be read.
+    """
+    with open(path, "rb") as fh:
+        size = min(end, fh.seek(0, 2))
+        if size <= 0:
+            return None
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            stop = size
+            while stop > 0:
+                pos = max(mm.rfind(mark, 0, stop + len(mark)) for mark in START_MARKS)
+                if pos < 0:
+                    return None
+                first = mm.rfind(b"\n", 0, pos) + 1
+                last = mm.find(b"\n", pos)
+                line = mm[first:last if last >= 0 else len(mm)]
+                try:
+                    rec = json.loads(line.decode("utf-8", errors="replace"))
+                except json.JSONDecodeError:
+                    rec = None  # a torn line
+                if isinstance(rec, dict) and rec.get("event") == "start":
+                    return rec
+                stop = first - 1  # the mark was inside another kind of line: look before it
+    return None
+
+
+def read_node_metrics(metrics_dir: str | Path,
+                      tail_bytes: int = TAIL_BYTES) -> tuple[list[dict[str, Any]], int]:
+    """``(records, lines skipped)`` of every ``metrics_dir/*.jsonl`` for the node's state, sorted
+    by time: the last ``tail_bytes`` of each file and, when that tail holds no ``start`` record,
+    the file's newest one (:func:`newest_start_record`), so a long run keeps its run id, max_steps
+    and engine whatever the file's length. ``([], 0)`` without the folder; raises OSError when a
+    file cannot be read."""
+    metrics_dir = Path(metrics_dir)
+    out: list[dict[str, Any]] = []
+    skipped = 0
+    if not metrics_dir.is_dir():
+        return out, skipped
+    for path in sorted(metrics_dir.glob("*.jsonl")):
+        recs, bad = read_jsonl(path, tail_bytes)
+        skipped += bad
+        size = path.stat().st_size
+        if size > tail_bytes and not events_of(recs, "start"):
+            start = newest_start_record(path, size - tail_bytes)
+            if start is not None:
+                recs.append(start)
+        out.extend(recs)
+    return by_time(out), skipped
 
 
 def node_progress(records: Sequence[Record]) -> dict[str, Any]:
@@ -187,15 +257,17 @@ def progress(out_dir: Path, unit: str | None, host: str | None = None,
     records, skipped_lines}`` (see :func:`job_state`, :func:`agent`, :func:`node_progress`;
     ``workers``: :func:`ddplab.faults.newest_per_worker`).
 
-    Without ``injection``, only the tail of each metrics file is read and only the records written
-    since the unit's current start count (a resumed run's folder holds the records of earlier
-    launches too). With ``injection`` (a fault the fault role waits on), every record counts and
-    ``phase`` and ``measure`` say where the group stands after it (:func:`ddplab.faults.measure`,
-    :func:`ddplab.faults.progress_phase`).
+    Without ``injection``, only the tail of each metrics file and its newest start record are read
+    (:func:`read_node_metrics`) and only the records written since the unit's current start count
+    (a resumed run's folder holds the records of earlier launches too). With ``injection`` (a fault
+    the fault role waits on), every record counts and ``phase`` and ``measure`` say where the group
+    stands after it (:func:`ddplab.faults.measure`, :func:`ddplab.faults.progress_phase`).
     """
     host = host or socket.gethostname()
-    tail = None if injection is not None else TAIL_BYTES
-    records, skipped = read_metrics_dir(out_dir / "metrics", tail_bytes=tail)
+    if injection is None:
+        records, skipped = read_node_metrics(out_dir / "metrics")
+    else:
+        records, skipped = read_metrics_dir(out_dir / "metrics")
     u = unit_state(unit) if unit else {}
     since = unit_started_at(u)
     if since is not None and injection is None:
