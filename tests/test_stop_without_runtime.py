@@ -6,7 +6,7 @@ processes still run after stopping ddp-lab-agent"."""
 import json
 
 import pytest
-from test_status_table import PLAYBOOK, _play, _stop_case
+from test_status_table import PLAYBOOK, _events, _play, _stop_case
 
 
 @pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
@@ -25,7 +25,10 @@ def test_stop_stops_a_running_agent_whose_state_ddplab_cannot_read(tmp_path):
     text = out.stdout + out.stderr
     assert out.returncode == 0, text
     assert (tmp_path / "units/agent-laptop-run.stopped_at").exists(), text  # systemctl stop ran
-    assert "laptop-run" in text and "changed=1" in text, text
+    # two changes: the stop recorded in the run's events (it names the node) and the agent stopped
+    assert "laptop-run" in text and "changed=2" in text, text
+    stops = [e for e in _events(tmp_path) if e["kind"] == "stop"]
+    assert [e["hosts"] for e in stops] == [["laptop-run"]], stops
 
 
 @pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")

@@ -6,12 +6,15 @@ row per laptop (agent state, run id, step / max steps, train and val loss, world
 tokens/s, restarts, seconds since the last step, last failure) under a heading that names the run
 and its recovery engine, then the store's line and (per_step engine, or when it runs) the torchft
 lighthouse's, and fails (one line) when a node is unreachable, its state could not be read, or its
-job failed.
+job failed. A node whose agent stop.yml stopped (it is named in the run's ``kind: stop`` event,
+the ``ddp_job_stop_event`` filter: the one home the watch and collect read too) reads ``stopped``,
+not failed, and is well.
 
 Options: ``nodes`` (inventory name -> the registered ``ddp_job_watch`` result; a skipped or
 missing result means no run to look at), ``store`` (the store document, {} when not read),
 ``lighthouse`` (``python -m ddplab.controller.lighthouse status``, {} when not read), ``run_id``
-(the run looked at, for the heading), ``width`` (columns of the table, default 160).
+(the run looked at, for the heading), ``width`` (columns of the table, default 160), ``stop``
+(the run's stop event, ``ddp_job_stop_event`` of its events.jsonl; {} when it was not stopped).
 
 Returns ``rows`` (one dict per node: see :func:`row_of`), ``store_line``, ``lighthouse_line``
 ("" when not shown), ``engine``, ``bad`` (the nodes that make it fail: then only ``msg``, one
@@ -21,6 +24,7 @@ line) and ``table`` (the text printed).
 from __future__ import annotations
 
 import io
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -39,11 +43,12 @@ ARGS = {
     "lighthouse": {"type": "dict", "default": {}},
     "run_id": {"type": "str", "default": ""},
     "width": {"type": "int", "default": 160},
+    "stop": {"type": "dict", "default": {}},
 }
 
 # ddplab.status job states (and the plugin's own) -> the word in the table
 AGENT = {"running": "running", "succeeded": "ended", "failed": "failed", "absent": "no job",
-         "unreachable": "unreachable", "error": "error"}
+         "unreachable": "unreachable", "error": "error", "stopped": "stopped"}
 # agent words that make status.yml exit non-zero
 BAD = ("failed", "unreachable", "error")
 COLUMNS = ("node", "agent", "run", "step", "loss", "val", "ws", "rank", "tok/s", "restarts",
@@ -54,18 +59,24 @@ def _f(v: Any, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def row_of(host: str, res: Mapping[str, Any] | None) -> dict[str, Any]:
+def row_of(host: str, res: Mapping[str, Any] | None, stop: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One table row from a node's ``ddp_job_watch`` result (``once: true``).
 
-    ``res`` None or skipped: no run to look at (``no job``). Returns ``{node, agent, run, step,
-    loss, val, ws, rank, tok/s, restarts, last step s, last failure, engine}``, all strings
-    (``engine``: the node's recovery engine, "" when unknown); ``agent`` is running | ended |
-    failed | no job | unreachable | error.
+    ``res`` None or skipped: no run to look at (``no job``). ``stop``: the run's stop event (the
+    ``ddp_job_stop_event`` filter's result): a failed node it names was stopped by stop.yml (the
+    SIGTERM ended its agent), as the watch (tasks/watch.yml) and collect label it. Returns ``{node,
+    agent, run, step, loss, val, ws, rank, tok/s, restarts, last step s, last failure, engine}``,
+    all strings (``engine``: the node's recovery engine, "" when unknown); ``agent`` is running |
+    ended | failed | stopped | no job | unreachable | error.
     """
     res = res or {}
     state = "absent" if res.get("skipped") or not res.get("state") else str(res["state"])
     p = res.get("progress") or {}
     failure = p.get("failure") or ""
+    if state == "failed" and host in ((stop or {}).get("hosts") or []):
+        state = "stopped"
+        when = time.strftime("%H:%M:%S", time.localtime(float(stop.get("time") or 0)))
+        failure = f"stopped by stop.yml at {when}"
     if state == "failed" and not failure:  # ended without a failure record (killed, OOM, ...)
         unit = res.get("unit") or {}
         failure = f"agent unit {unit.get('Result', '?')}, exit status {unit.get('ExecMainStatus', '?')}"
@@ -171,7 +182,7 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         _, args = self.validate_argument_spec(argument_spec=ARGS)
-        rows = [row_of(h, r) for h, r in args["nodes"].items()]
+        rows = [row_of(h, r, args["stop"]) for h, r in args["nodes"].items()]
         text = render(rows, args["store"], args["run_id"], args["width"], args["lighthouse"])
         display.display(text)
         bad = bad_nodes(rows)

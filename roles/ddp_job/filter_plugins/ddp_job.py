@@ -64,7 +64,8 @@ def stop_event(events_text: Any) -> dict[str, Any]:
 
     ``events_text``: the text of ``runs/<run_id>/events.jsonl`` (one JSON object per line; '' or
     None when the file is missing). A stop counts when it comes after the newest ``kind: launch``
-    line in file order (a resumed run's earlier stops do not); torn or foreign lines are skipped.
+    or ``kind: resume`` line in file order (the stops of earlier launches of a resumed run do not);
+    torn or foreign lines are skipped.
     ddplab.controller.rundir.run_outcome labels the collected run "stopped" from the same event.
     """
     found: dict[str, Any] = {}
@@ -75,7 +76,7 @@ def stop_event(events_text: Any) -> dict[str, Any]:
             continue
         if not isinstance(event, dict):
             continue
-        if event.get("kind") == "launch":
+        if event.get("kind") in ("launch", "resume"):
             found = {}
         elif event.get("kind") == "stop":
             found = event
