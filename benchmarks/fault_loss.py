@@ -1,26 +1,31 @@
-"""Does a run that loses and regains nodes learn as well as one that does not? The loss of a run with
-faults beside fault-free runs of the same schedule (issue 13's target: the loss curve of a run with
-4 faults within noise of a fault-free run of the same seed; docs/faults.md).
+"""Does a run that loses and regains nodes learn as well as one that does not? The loss of a run
+with faults beside fault-free runs (issue 13's target: the loss curve of a run with 4 faults within
+noise of a fault-free run of the same seed; docs/faults.md).
 
-Three runs of one engine (``ddp_job_fault_tolerance``), one after the other on the same cluster,
-each launched with ``playbooks/train.yml`` (the training settings of ``make demo`` unless ``-e``
-changes them) and followed to its end with ``attach.yml`` (progress, collect, report):
+Runs of one engine (``ddp_job_fault_tolerance``), one after the other on the same cluster, each
+launched with ``playbooks/train.yml`` (the training settings of ``make demo`` unless ``-e`` changes
+them) and followed to its end with ``attach.yml`` (progress, collect, report):
 
-  clean    seed S     no fault
-  noise    seed S+1   no fault: how far a different seed alone moves the loss
-  faulted  seed S     the ``--plan`` faults (default: kill-agent, poweroff, freeze 20 s, partition
-                      20 s of the node holding rank 0; each node that was taken out rejoins), injected
-                      as soon as the group trains at full size, each after the last recovered
+  clean      seed S       no fault
+  faulted    seed S       the ``--plan`` faults (default: kill-agent, poweroff, freeze 20 s, partition
+                          20 s of the node holding rank 0; each node that was taken out rejoins),
+                          injected as soon as the group trains at full size, each after the last
+                          recovered (no wait after the last one: attach.yml follows the run anyway)
+  noise1..K  seed S+1..S+K  no fault (``--noise-seeds K``, default 3): how far another seed alone
+                          moves the loss
 
-Prints per run the final evaluation (summary.json's final_val_loss / final_train_loss), the faults
-injected, the wall time and the load average; then the validation loss at every evaluation step of
-the three runs side by side and the two differences that answer the question:
-``faulted - clean`` (the cost of the faults) beside ``noise - clean`` (a seed's worth). Plots the
-validation curves with matplotlib. Figures, not assertions: exit 0 whenever every play ran.
+Prints per run the final evaluation (summary.json's final_val_loss / final_train_loss), the samples
+it trained on (``samples_seen`` of its last committed step: the sum over committed steps of
+participants x per-replica batch), the faults injected, the wall time and the load average; then
+the validation loss at every evaluation step side by side with ``faulted - clean`` (the cost of the
+faults) beside the noise band (min..max of ``noise_k - clean``), and one verdict line: is the
+faulted run inside the band, at the final evaluation and at how many evaluation steps. Plots the
+validation curves with matplotlib. Figures, not assertions: exit 0 whenever every play ran; exit 2
+(with the table of the runs done so far) when a play failed, e.g. a plan that does not fit the run.
 
 Usage (controller, lab up and provisioned, e.g. after ``make demo``):
   .venv/bin/python benchmarks/fault_loss.py [-i inventory/lab] [--engine per_step] [--seed 1337]
-      [--plan kill-agent@rank0,poweroff@rank0,freeze@rank0:20,partition@rank0:20]
+      [--noise-seeds 3] [--plan kill-agent@rank0,poweroff@rank0,freeze@rank0:20,partition@rank0:20]
       [--out runs/bench-fault-loss-<time>.json] [--plot runs/bench-fault-loss-<time>.png] [-e k=v ...]
 """
 
@@ -36,10 +41,21 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "train")]
 
 import recovery  # noqa: E402  (benchmarks/recovery.py: play, await, plan, load average)
+from benchcli import first_sentence  # noqa: E402  (benchmarks/benchcli.py)
 from ddplab import faults  # noqa: E402
 from ddplab.controller.rundir import load_run  # noqa: E402
 from ddplab.records import events_of, num  # noqa: E402
-from recovery import REPO, BenchError, current_run, inject_plan, loadavg, parse_plan, play  # noqa: E402
+from recovery import (  # noqa: E402
+    REPO,
+    BenchError,
+    PlanError,
+    await_full_size,
+    current_run,
+    inject_plan,
+    loadavg,
+    parse_plan,
+    play,
+)
 
 DEFAULT_PLAN = "kill-agent@rank0,poweroff@rank0,freeze@rank0:20,partition@rank0:20"
 
@@ -56,25 +72,44 @@ def val_curve(run_dir: Path) -> dict[int, float]:
     return dict(sorted(curve.items()))
 
 
+def samples_trained(run_dir: Path) -> dict[str, int]:
+    """Samples each host's model trained on, by host: ``samples_seen`` of its last committed
+    ``step`` record (the training program adds participants x per-replica batch at every committed
+    step, so this is that sum over the committed steps; under torchelastic every step counts).
+    Hosts without a step record are left out."""
+    out: dict[str, int] = {}
+    for host, records in load_run(run_dir).per_host.items():
+        seen = [
+            r["samples_seen"]
+            for r in events_of(records, "step")
+            if r.get("committed", True) is not False and isinstance(r.get("samples_seen"), int)
+        ]
+        if seen:
+            out[host] = max(seen)
+    return out
+
+
 def one_run(a: argparse.Namespace, label: str, seed: int, plan: recovery.Plan) -> dict:
-    """Launch a run of ``a.engine`` with ``seed``, inject ``plan`` (may be empty), follow it to its
-    end and collect it. Returns {label, run_id, seed, faults, final_val_loss, final_train_loss,
-    steps, wall_s, load_start, load_end, curve}. BenchError when a play fails."""
+    """Launch a run of ``a.engine`` with ``seed``, inject ``plan`` (may be empty; no wait after its
+    last fault), follow it to its end and collect it. Returns {label, run_id, seed, faults,
+    final_val_loss, final_train_loss, steps, outcome, samples, wall_s, load_start, load_end,
+    curve}. BenchError when a play fails; PlanError (after the run was followed to its end and
+    collected) when the plan did not fit the run."""
     extra = [*a.extra, f"ddp_job_fault_tolerance={a.engine}"]
     load_start = loadavg()
     t0 = time.monotonic()
     overrides = json.dumps({"ddp_job_train_overrides": {"seed": seed}})
     play(a.inventory, a.launch, [*extra, "ddp_job_watch=false", overrides], f"{label}: launch (seed {seed})")
     run_id = current_run(a.runs_dir)
+    to_end = [*extra, f"run_id={run_id}", f"collect_run_id={run_id}"]
     if plan:
-        recovery._await(a.inventory, run_id, a.nodes, extra, 600)
-        inject_plan(a, extra, run_id, plan)
-    play(
-        a.inventory,
-        "attach.yml",
-        [*extra, f"run_id={run_id}", f"collect_run_id={run_id}"],
-        f"{label}: to the end",
-    )
+        try:
+            await_full_size(a.inventory, run_id, a.nodes, extra, 600)
+            inject_plan(a, extra, run_id, plan, await_last=False)
+        except PlanError:
+            play(a.inventory, "attach.yml", to_end, f"{label}: to the end after the plan failed")
+            raise
+    play(a.inventory, "attach.yml", to_end, f"{label}: to the end")
     run = load_run(a.runs_dir / run_id)
     out = {
         "label": label,
@@ -85,6 +120,7 @@ def one_run(a: argparse.Namespace, label: str, seed: int, plan: recovery.Plan) -
         "final_train_loss": run.summary.get("final_train_loss"),
         "steps": run.summary.get("steps_completed"),
         "outcome": run.summary.get("outcome"),
+        "samples": samples_trained(a.runs_dir / run_id),
         "wall_s": round(time.monotonic() - t0),
         "load_start": load_start,
         "load_end": loadavg(),
@@ -92,7 +128,7 @@ def one_run(a: argparse.Namespace, label: str, seed: int, plan: recovery.Plan) -
     }
     print(
         f"{label}: run {run_id} seed {seed}, {out['steps']} steps, val {out['final_val_loss']}, "
-        f"{out['wall_s']} s, load {load_start} -> {out['load_end']}",
+        f"samples {_samples(out['samples'])}, {out['wall_s']} s, load {load_start} -> {out['load_end']}",
         flush=True,
     )
     return out
@@ -102,36 +138,128 @@ def _f(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}"
 
 
-def _diff(x: float | None, y: float | None) -> str:
-    return "-" if x is None or y is None else f"{x - y:+.3f}"
+def _d(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.3f}"
+
+
+def _samples(by_host: dict[str, int] | None) -> str:
+    vals = sorted(set((by_host or {}).values()))
+    if not vals:
+        return "-"
+    return f"{vals[0]:,}" if len(vals) == 1 else f"{vals[0]:,}..{vals[-1]:,}"
+
+
+def band_check(cost: float | None, noise: list[float]) -> str:
+    """``in`` when ``cost`` (faulted - clean) lies within min..max of ``noise`` (noise_k - clean),
+    ``above`` (worse than every other seed) or ``below`` (better) when outside, ``-`` when a figure
+    is missing."""
+    if cost is None or not noise:
+        return "-"
+    if cost > max(noise):
+        return "above"
+    return "below" if cost < min(noise) else "in"
+
+
+def _noise_labels(runs: list[dict]) -> list[str]:
+    return [r["label"] for r in runs if r["label"].startswith("noise")]
+
+
+def comparison(runs: list[dict]) -> tuple[list[dict], dict] | None:
+    """Faulted vs the noise band, per evaluation step and final. Returns (rows, final), each a dict
+    {step (rows only), clean, faulted, noise: {label: val}, cost, band: [min, max] | None, where};
+    None without a clean, a faulted and at least one noise run."""
+    by = {r["label"]: r for r in runs}
+    noise = _noise_labels(runs)
+    if not ({"clean", "faulted"} <= by.keys() and noise):
+        return None
+    curves = {k: {int(s): v for s, v in r["curve"].items()} for k, r in by.items()}
+
+    def entry(get) -> dict:
+        c, f = get("clean"), get("faulted")
+        ns = {k: get(k) for k in noise}
+        diffs = [v - c for v in ns.values() if v is not None and c is not None]
+        cost = None if f is None or c is None else f - c
+        return {
+            "clean": c,
+            "faulted": f,
+            "noise": ns,
+            "cost": cost,
+            "band": [min(diffs), max(diffs)] if diffs else None,
+            "where": band_check(cost, diffs),
+        }
+
+    steps = sorted(set().union(*(curves[k].keys() for k in ("clean", "faulted", *noise))))
+    rows = [{"step": s, **entry(lambda k, s=s: curves[k].get(s))} for s in steps]
+    final = entry(lambda k: num(by[k]["final_val_loss"]))
+    return rows, final
+
+
+def verdict(runs: list[dict]) -> str:
+    """One line: is ``faulted - clean`` inside the noise band at the final evaluation, and at how
+    many of the evaluation steps where every figure exists."""
+    cmp = comparison(runs)
+    if cmp is None:
+        return "verdict: - (needs a clean, a faulted and at least one noise run)"
+    rows, final = cmp
+    judged = [r for r in rows if r["where"] != "-"]
+    inside = sum(r["where"] == "in" for r in judged)
+    k = len(_noise_labels(runs))
+    if final["where"] == "-":
+        head = "verdict: final val missing"
+    else:
+        band = final["band"]
+        word = {"in": "INSIDE", "above": "OUTSIDE (worse than)", "below": "OUTSIDE (better than)"}
+        head = (
+            f"verdict: faulted - clean {_d(final['cost'])} nats at the final evaluation is "
+            f"{word[final['where']]} the noise band [{_d(band[0])}, {_d(band[1])}] of {k} other seed(s)"
+        )
+    return f"{head}; inside at {inside} of {len(judged)} evaluation steps"
 
 
 def table(runs: list[dict]) -> str:
-    """The runs (final evaluation, faults, time, load) and the validation curves side by side
-    (text), with ``faulted - clean`` beside ``noise - clean`` at every evaluation step."""
+    """The runs (final evaluation, samples trained, faults, time, load), then the validation curves
+    side by side (text) with ``faulted - clean`` and the noise band at every evaluation step, the
+    final values and the verdict line."""
+    clean_samples = max(
+        (next((r for r in runs if r["label"] == "clean"), {}).get("samples") or {}).values(), default=0
+    )
     lines = [
-        f"{'run':<8} {'run id':<22} {'seed':>5} {'steps':>6} {'val':>6} {'train':>6} {'wall s':>7}"
-        "  load   faults"
+        f"{'run':<8} {'run id':<22} {'seed':>5} {'steps':>6} {'val':>6} {'train':>6} {'samples':>15} "
+        f"{'% clean':>7} {'wall s':>7}  load   faults"
     ]
     for r in runs:
+        got = max((r.get("samples") or {}).values(), default=0)
+        share = f"{100 * got / clean_samples:.0f}" if clean_samples and got else "-"
         lines.append(
             f"{r['label']:<8} {r['run_id']:<22} {r['seed']:>5} {r['steps'] or '-':>6} "
-            f"{_f(num(r['final_val_loss'])):>6} {_f(num(r['final_train_loss'])):>6} {r['wall_s']:>7}  "
+            f"{_f(num(r['final_val_loss'])):>6} {_f(num(r['final_train_loss'])):>6} "
+            f"{_samples(r.get('samples')):>15} {share:>7} {r['wall_s']:>7}  "
             f"{r['load_start']} -> {r['load_end']}   {', '.join(r['faults']) or '-'}"
         )
-    by = {r["label"]: r for r in runs}
-    if {"clean", "noise", "faulted"} <= by.keys():
-        lines += [
-            "",
-            f"{'step':>6} {'clean':>7} {'noise':>7} {'faulted':>8} {'faulted-clean':>14} {'noise-clean':>12}",
-        ]
-        curves = {k: {int(s): v for s, v in by[k]["curve"].items()} for k in ("clean", "noise", "faulted")}
-        for step in sorted(set().union(*(c.keys() for c in curves.values()))):
-            c, n, f = (curves[k].get(step) for k in ("clean", "noise", "faulted"))
-            lines.append(f"{step:>6} {_f(c):>7} {_f(n):>7} {_f(f):>8} {_diff(f, c):>14} {_diff(n, c):>12}")
-        fc = _diff(num(by["faulted"]["final_val_loss"]), num(by["clean"]["final_val_loss"]))
-        nc = _diff(num(by["noise"]["final_val_loss"]), num(by["clean"]["final_val_loss"]))
-        lines += ["", f"final val loss: faulted - clean {fc} nats, noise (other seed) - clean {nc} nats"]
+    cmp = comparison(runs)
+    if cmp is None:
+        return "\n".join(lines)
+    rows, final = cmp
+    noise = _noise_labels(runs)
+    head = ["step", "clean", "faulted", *noise, "faulted-clean", "noise-clean band", "faulted"]
+    cells = [head]
+    for r in [*rows, {**final, "step": "final"}]:
+        band = "-" if r["band"] is None else f"{_d(r['band'][0])}..{_d(r['band'][1])}"
+        cells.append(
+            [
+                str(r["step"]),
+                _f(r["clean"]),
+                _f(r["faulted"]),
+                *(_f(r["noise"][k]) for k in noise),
+                _d(r["cost"]),
+                band,
+                r["where"],
+            ]
+        )
+    widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
+    lines.append("")
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    lines += ["", verdict(runs)]
     return "\n".join(lines)
 
 
@@ -157,10 +285,13 @@ def plot(runs: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=first_sentence(__doc__))
     p.add_argument("-i", "--inventory", default="inventory/lab")
     p.add_argument("--engine", default="per_step", choices=recovery.ENGINES)
-    p.add_argument("--seed", type=int, default=1337, help="seed of clean and faulted; noise uses seed + 1")
+    p.add_argument("--seed", type=int, default=1337, help="seed S of clean and faulted")
+    p.add_argument(
+        "--noise-seeds", type=int, default=3, help="fault-free runs of seeds S+1..S+K for the noise band"
+    )
     p.add_argument(
         "--plan", default=DEFAULT_PLAN, help="faults of the faulted run (recovery.py's --plan form)"
     )
@@ -175,16 +306,17 @@ def main(argv: list[str] | None = None) -> int:
         plan = parse_plan(a.plan)
     except ValueError as exc:
         p.error(str(exc))
+    if a.noise_seeds < 1:
+        p.error("--noise-seeds must be >= 1 (the band needs another seed)")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = a.out or a.runs_dir / f"bench-fault-loss-{stamp}.json"
     png = a.plot or out.with_suffix(".png")
     runs: list[dict] = []
     try:
-        for label, seed, faults_of in (
-            ("clean", a.seed, []),
-            ("noise", a.seed + 1, []),
-            ("faulted", a.seed, plan),
-        ):
+        # faulted right after clean: when time or the lab runs out, the pair is there
+        schedule = [("clean", a.seed, []), ("faulted", a.seed, plan)]
+        schedule += [(f"noise{k}", a.seed + k, []) for k in range(1, a.noise_seeds + 1)]
+        for label, seed, faults_of in schedule:
             runs.append(one_run(a, label, seed, faults_of))
             out.write_text(json.dumps({"engine": a.engine, "plan": a.plan, "runs": runs}, indent=1) + "\n")
     except BenchError as exc:

@@ -34,8 +34,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "train"))
+sys.path[:0] = [str(REPO / "train"), str(REPO / "benchmarks")]
 
+from benchcli import first_sentence  # noqa: E402  (benchmarks/benchcli.py)
 from ddplab import faults  # noqa: E402
 from ddplab.controller.rundir import load_events, load_run  # noqa: E402
 
@@ -48,6 +49,11 @@ FIELDS = ("detected_s", "recovered_s", "steps_lost", "stall_s", "restarts")
 
 class BenchError(Exception):
     """A playbook failed: the figures would be meaningless."""
+
+
+class PlanError(BenchError):
+    """A fault of the plan could not be injected (or the group did not come back to full size
+    before the next one), typically because the run ended first: the plan does not fit the run."""
 
 
 def _tool(name: str) -> str:
@@ -86,7 +92,7 @@ def play(inventory: str, playbook: str, extra: list[str], label: str) -> float:
     return took
 
 
-def _await(inventory: str, run_id: str, nodes: int, extra: list[str], timeout_s: float) -> None:
+def await_full_size(inventory: str, run_id: str, nodes: int, extra: list[str], timeout_s: float) -> None:
     """Wait until every trainer trains at world size / participants ``nodes`` (roles/fault
     tasks_from await: each node's newest record a completed step at that size). BenchError after
     ``timeout_s``."""
@@ -141,24 +147,43 @@ def parse_plan(text: str) -> list[tuple[str, str, float | None]]:
 Plan = list[tuple[str, str, float | None]]
 
 
-def inject_plan(a: argparse.Namespace, extra: list[str], run_id: str, plan: Plan) -> None:
+def plan_item(mode: str, target: str, duration: float | None) -> str:
+    """One plan entry written back in ``--plan`` form, e.g. ``freeze@rank0:15``."""
+    return f"{mode}@{target}" + (f":{duration:g}" if duration else "")
+
+
+def inject_plan(
+    a: argparse.Namespace, extra: list[str], run_id: str, plan: Plan, await_last: bool = True
+) -> None:
     """Inject each fault of ``plan`` into the running ``run_id`` with ``kill-node.yml``; after a fault
     that takes the node out (kill-agent, poweroff) a ``rejoin`` of that node; after each, wait until
-    every trainer trains at full size (``a.nodes``) again. BenchError when a play fails or the size
-    is not back within 300 s."""
-    for mode, target, duration in plan:
+    every trainer trains at full size (``a.nodes``) again, within 300 s. ``await_last=False`` skips
+    that wait after the last fault (a caller that follows the run to its end anyway, e.g. with
+    attach.yml, must not fail when the run ends during it).
+
+    Raises PlanError naming the fault (``i/n mode@target``) when its play, its rejoin or the wait
+    before the next fault fails, e.g. because the run ended before the whole plan was injected."""
+    for i, (mode, target, duration) in enumerate(plan, 1):
+        item = f"fault {i}/{len(plan)} {plan_item(mode, target, duration)}"
         tgt = f"rank={target[4:]}" if target.startswith("rank") else f"node={target}"
         args = [*extra, f"fault={mode}", tgt, f"run_id={run_id}"]
-        play(a.inventory, "kill-node.yml", args + ([f"duration={duration:g}"] if duration else []), mode)
-        if mode in LOST_AFTER:
-            node = faults.injections(load_events(a.runs_dir / run_id))[-1].node
-            play(
-                a.inventory,
-                "kill-node.yml",
-                [*extra, "fault=rejoin", f"node={node}", f"run_id={run_id}"],
-                f"rejoin after {mode}",
-            )
-        _await(a.inventory, run_id, a.nodes, extra, 300)
+        try:
+            play(a.inventory, "kill-node.yml", args + ([f"duration={duration:g}"] if duration else []), mode)
+            if mode in LOST_AFTER:
+                node = faults.injections(load_events(a.runs_dir / run_id))[-1].node
+                play(
+                    a.inventory,
+                    "kill-node.yml",
+                    [*extra, "fault=rejoin", f"node={node}", f"run_id={run_id}"],
+                    f"rejoin after {mode}",
+                )
+            if await_last or i < len(plan):
+                await_full_size(a.inventory, run_id, a.nodes, extra, 300)
+        except BenchError as exc:
+            raise PlanError(
+                f"{item} of the plan did not complete in run {run_id}; if the run ended first, the plan "
+                f"does not fit it: raise ddp_job_max_steps (-e) or shorten --plan. Cause: {exc}"
+            ) from exc
 
 
 def run_engine(a: argparse.Namespace, engine: str, plan: list[tuple[str, str, float | None]]) -> dict:
@@ -190,7 +215,7 @@ def run_engine(a: argparse.Namespace, engine: str, plan: list[tuple[str, str, fl
     run_id = current_run(a.runs_dir)
     print(f"run {run_id} ({engine}) launched in {took:.0f} s, load {load_start}", flush=True)
     try:
-        _await(a.inventory, run_id, a.nodes, extra, 600)
+        await_full_size(a.inventory, run_id, a.nodes, extra, 600)
         inject_plan(a, extra, run_id, plan)
     finally:
         # the measurement window of the last fault ends here, not when stop.yml records its stop
@@ -289,7 +314,7 @@ def table(runs: list[dict], engines: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=first_sentence(__doc__))
     p.add_argument("-i", "--inventory", default="inventory/lab")
     p.add_argument("--engines", default=",".join(ENGINES), help="comma-separated, in table order")
     p.add_argument("--plan", default="kill-agent@rank0,poweroff@rank0,freeze@rank0:30,partition@rank0:30")

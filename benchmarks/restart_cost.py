@@ -43,8 +43,9 @@ from pathlib import Path
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "train"))
+sys.path[:0] = [str(REPO / "train"), str(REPO / "benchmarks")]
 
+from benchcli import first_sentence  # noqa: E402  (benchmarks/benchcli.py)
 from ddplab.controller import rdzv_store  # noqa: E402
 from ddplab.records import read_jsonl  # noqa: E402
 
@@ -223,7 +224,7 @@ def table(results: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=first_sentence(__doc__))
     parser.add_argument("--kills", type=int, default=3, help="SIGKILLs (restarts) per start method")
     parser.add_argument("--data", type=Path, default=Path(DEFAULT_DATA), help="tiny-shakespeare input.txt")
     parser.add_argument("--kill-agent", action="store_true",

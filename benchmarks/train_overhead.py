@@ -27,8 +27,9 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "train"))
+sys.path[:0] = [str(REPO / "train"), str(REPO / "benchmarks")]
 
+from benchcli import first_sentence  # noqa: E402  (benchmarks/benchcli.py)
 from ddplab import telemetry  # noqa: E402
 from ddplab import train as train_mod  # noqa: E402
 from ddplab.config import build_config  # noqa: E402
@@ -88,7 +89,7 @@ def plain_loop(args, data) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=first_sentence(__doc__))
     parser.add_argument("--preset", default="small")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--skip", type=int, default=20, help="steps excluded from the timing (warm-up)")

@@ -2,7 +2,10 @@
 plot (the lab runs themselves are a benchmark, not a test)."""
 
 import importlib.util
+import json
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from labharness import REPO
@@ -21,7 +24,7 @@ def test_val_curve_has_one_loss_per_evaluation_step(tmp_path):
     assert all(1.4 < v < 6.0 for v in curve.values())
 
 
-def _run(label, seed, curve, val, faults=()):
+def _run(label, seed, curve, val, faults=(), samples=None):
     return {
         "label": label,
         "run_id": f"r-{label}",
@@ -31,6 +34,7 @@ def _run(label, seed, curve, val, faults=()):
         "final_val_loss": val,
         "final_train_loss": val - 0.05,
         "outcome": "completed",
+        "samples": samples if samples is not None else {"laptop-a": 12600, "laptop-b": 12600},
         "wall_s": 300,
         "load_start": "3.0 2.0 1.0",
         "load_end": "4.0 3.0 2.0",
@@ -38,19 +42,179 @@ def _run(label, seed, curve, val, faults=()):
     }
 
 
-def test_table_puts_the_cost_of_faults_beside_a_seeds_worth():
+def _row(text, first):
+    return next(line for line in text.splitlines() if line.split()[:1] == [first]).split()
+
+
+def test_table_puts_the_cost_of_faults_beside_the_noise_band_of_several_seeds():
     runs = [
         _run("clean", 1337, {"100": 2.5, "200": 2.1}, 1.990),
-        _run("noise", 1338, {"100": 2.52, "200": 2.12}, 2.010),
-        _run("faulted", 1337, {"100": 2.55}, 2.002, ["kill-agent@laptop-a", "freeze@laptop-b"]),
+        _run(
+            "faulted",
+            1337,
+            {"100": 2.55},
+            2.002,
+            ["kill-agent@laptop-a", "freeze@laptop-b"],
+            {"laptop-a": 9000},
+        ),
+        _run("noise1", 1338, {"100": 2.52, "200": 2.12}, 2.010),
+        _run("noise2", 1339, {"100": 2.49, "200": 2.08}, 1.980),
+        _run("noise3", 1340, {"100": 2.51, "200": 2.13}, 2.030),
     ]
     text = fl.table(runs)
-    assert "faulted - clean +0.012 nats, noise (other seed) - clean +0.020 nats" in text
-    row100 = next(line for line in text.splitlines() if line.strip().startswith("100 "))
-    assert row100.split() == ["100", "2.500", "2.520", "2.550", "+0.050", "+0.020"]
-    row200 = next(line for line in text.splitlines() if line.strip().startswith("200 "))
-    assert row200.split() == ["200", "2.100", "2.120", "-", "-", "+0.020"]
+    # step, clean, faulted, noise1..3, faulted-clean, band (min..max of noise - clean), where
+    assert _row(text, "100") == [
+        "100",
+        "2.500",
+        "2.550",
+        "2.520",
+        "2.490",
+        "2.510",
+        "+0.050",
+        "-0.010..+0.020",
+        "above",
+    ]
+    assert _row(text, "200") == ["200", "2.100", "-", "2.120", "2.080", "2.130", "-", "-0.020..+0.030", "-"]
+    assert _row(text, "final") == [
+        "final",
+        "1.990",
+        "2.002",
+        "2.010",
+        "1.980",
+        "2.030",
+        "+0.012",
+        "-0.010..+0.040",
+        "in",
+    ]
+    assert (
+        "verdict: faulted - clean +0.012 nats at the final evaluation is INSIDE the noise band "
+        "[-0.010, +0.040] of 3 other seed(s); inside at 0 of 1 evaluation steps" in text
+    )
+    faulted = _row(text, "faulted")
+    assert faulted[6:8] == ["9,000", "71"]  # samples trained, % of clean's 12,600
     assert "kill-agent@laptop-a, freeze@laptop-b" in text and "3.0 2.0 1.0 -> 4.0 3.0 2.0" in text
+
+
+def test_verdict_says_outside_and_which_side():
+    clean, noise = _run("clean", 1, {}, 2.0), _run("noise1", 2, {}, 2.02)
+    assert "OUTSIDE (worse than) the noise band [+0.020, +0.020]" in fl.verdict(
+        [clean, _run("faulted", 1, {}, 2.05), noise]
+    )
+    assert "OUTSIDE (better than)" in fl.verdict([clean, _run("faulted", 1, {}, 1.99), noise])
+    assert fl.verdict([clean, noise]).startswith("verdict: - (needs a clean, a faulted")
+
+
+def test_table_of_the_runs_done_so_far_without_a_band():
+    text = fl.table([_run("clean", 1337, {"100": 2.5}, 1.990)])
+    assert _row(text, "clean")[:4] == ["clean", "r-clean", "1337", "350"] and "verdict" not in text
+
+
+def test_samples_trained_is_samples_seen_of_the_last_committed_step_per_host(tmp_path):
+    """samples_seen of the last committed step: an uncommitted (retried) step does not count."""
+    run = tmp_path / "r"
+    steps = {
+        "laptop-a": [(10, 360, True), (20, 720, True), (21, 720, False), (21, 744, True)],
+        "laptop-b": [(10, 360, True), (20, 720, True)],
+    }
+    for host, recs in steps.items():
+        (run / host / "metrics").mkdir(parents=True)
+        lines = [
+            json.dumps(
+                {"event": "step", "time": 1.0 + i, "host": host, "step": s, "samples_seen": n, "committed": c}
+            )
+            for i, (s, n, c) in enumerate(recs)
+        ]
+        (run / host / "metrics" / f"{host}-local0.jsonl").write_text("\n".join(lines) + "\n")
+    assert fl.samples_trained(run) == {"laptop-a": 744, "laptop-b": 720}
+    assert fl._samples(fl.samples_trained(run)) == "720..744"
+
+
+class FakeLab:
+    """subprocess.run of the benchmark's playbooks, on synthetic run folders (tests/test_report's
+    make_run): a launch makes the run folder and runs/current, kill-node.yml records a fault event,
+    the await play fails once ``await_fails_after`` faults are in (the run has ended), a fault
+    play fails from fault number ``fault_fails_at`` on (no job running any more)."""
+
+    def __init__(self, runs, await_fails_after=None, fault_fails_at=None):
+        self.runs, self.n, self.faults = runs, 0, 0
+        self.await_fails_after, self.fault_fails_at = await_fails_after, fault_fails_at
+        self.books = []
+
+    def __call__(self, args, **kw):
+        book = Path(args[3]).name
+        extra = dict(v.split("=", 1) for v in args[4:][1::2] if "=" in v and not v.startswith("{"))
+        self.books.append((book, extra.get("fault")))
+        rc, out = 0, "ok"
+        if book == "train.yml":
+            self.n += 1
+            run = make_run(self.runs, f"run-{self.n}")
+            (run / "events.jsonl").write_text(json.dumps({"time": 1.0e9, "kind": "launch"}) + "\n")
+            (self.runs / "current").unlink(missing_ok=True)
+            (self.runs / "current").symlink_to(f"run-{self.n}")
+        elif book == "kill-node.yml" and extra.get("fault") != "rejoin":
+            self.faults += 1
+            if self.fault_fails_at is not None and self.faults >= self.fault_fails_at:
+                rc, out = 2, "laptop-a: no job of run run-2 is running there"
+            else:
+                event = {
+                    "time": 1.0e9 + self.faults,
+                    "kind": "fault",
+                    "mode": extra["fault"],
+                    "node": "laptop-a",
+                }
+                with open(self.runs / f"run-{self.n}" / "events.jsonl", "a") as fh:
+                    fh.write(json.dumps(event) + "\n")
+        elif book == "ddplab-bench-await.yml" and self.faults >= (self.await_fails_after or 10**6):
+            rc, out = 2, "the run ended"
+        return subprocess.CompletedProcess(args, rc, out, "")
+
+
+def _main(monkeypatch, tmp_path, lab, *argv):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    lab.runs = runs
+    monkeypatch.setattr(fl.recovery.subprocess, "run", lab)
+    monkeypatch.setattr(fl, "plot", lambda runs, path: None)
+    return fl.main(["--runs-dir", str(runs), "--out", str(tmp_path / "b.json"), *argv])
+
+
+def test_faulted_run_ending_during_the_wait_after_the_last_fault_still_gives_the_table(
+    monkeypatch, tmp_path, capsys
+):
+    """The last session's failure: the run ended during the await after the last fault -> exit 2,
+    no table. attach.yml follows the run to its end anyway: no await after the last fault."""
+    lab = FakeLab(None, await_fails_after=2)
+    code = _main(
+        monkeypatch, tmp_path, lab, "--plan", "kill-agent@rank0,freeze@rank0:15", "--noise-seeds", "2"
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert [b for b, _ in lab.books].count("attach.yml") == 4  # clean, faulted, noise1, noise2
+    assert "verdict: faulted - clean +0.000 nats at the final evaluation is INSIDE" in out
+    assert _row(out, "faulted")[:3] == ["faulted", "run-2", "1337"] and _row(out, "noise2")[2] == "1339"
+
+
+def test_a_plan_that_does_not_fit_names_the_fault_and_prints_the_runs_done(monkeypatch, tmp_path, capsys):
+    lab = FakeLab(None, fault_fails_at=2)
+    code = _main(monkeypatch, tmp_path, lab, "--plan", "kill-agent@rank0,poweroff@rank0,freeze@rank0:15")
+    got = capsys.readouterr()
+    assert code == 2
+    err = got.err.splitlines()[0]
+    assert err.startswith("error: fault 2/3 poweroff@rank0 of the plan did not complete in run run-2")
+    assert "raise ddp_job_max_steps" in err
+    assert _row(got.out, "clean")[1] == "run-1"  # the table of the runs done so far
+    assert lab.books[-1] == ("attach.yml", None)  # the faulted run was still followed and collected
+    assert [b for b, _ in lab.books].count("train.yml") == 2  # no noise run after a failed plan
+
+
+def test_help_first_line_is_a_whole_sentence(capsys):
+    with pytest.raises(SystemExit):
+        fl.main(["--help"])
+    out = capsys.readouterr().out
+    assert "Does a run that loses and regains nodes learn as well as one that does not?" in " ".join(
+        out.split()
+    )
+    assert "The loss of a run" not in out
 
 
 def test_plot_writes_a_png(tmp_path):
@@ -64,6 +228,7 @@ def test_bad_plan_is_refused_before_any_play(monkeypatch, capsys):
         raise AssertionError("a playbook ran")
 
     monkeypatch.setattr(fl, "play", no_play)
+    monkeypatch.setattr(fl.recovery, "play", no_play)
     with pytest.raises(SystemExit) as exc:
         fl.main(["--plan", "kill-agent@rank0,bogus@rank1"])
     assert exc.value.code == 2

@@ -62,3 +62,30 @@ def test_table_is_side_by_side_median_with_load():
     freeze = lines[3].split()
     assert freeze[:3] == ["freeze", "30s", "0.5"] and freeze[3] == "-" and freeze[-1] == "0"
     assert "per_step      run p0: load average 5.0 4.0 3.0 -> 5.5 4.0 3.0" in lines
+
+
+def test_inject_plan_awaits_full_size_after_each_fault_unless_told_not_after_the_last(monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr(rb, "play", lambda inv, book, extra, label: calls.append(label))
+    monkeypatch.setattr(rb, "await_full_size", lambda *a: calls.append("await"))
+    a = type("A", (), {"inventory": "inv", "nodes": 3, "runs_dir": tmp_path})()
+    plan = rb.parse_plan("freeze@rank0:15,partition@laptop-b:15")
+    rb.inject_plan(a, [], "r1", plan)
+    assert calls == ["freeze", "await", "partition", "await"]
+    calls.clear()
+    rb.inject_plan(a, [], "r1", plan, await_last=False)
+    assert calls == ["freeze", "await", "partition"]
+
+
+def test_inject_plan_names_the_fault_that_did_not_fit(monkeypatch, tmp_path):
+    def play(inv, book, extra, label):
+        if label == "partition":
+            raise rb.BenchError("partition failed (exit 2) after 1 s: no job of run r1 is running there")
+
+    monkeypatch.setattr(rb, "play", play)
+    monkeypatch.setattr(rb, "await_full_size", lambda *a: None)
+    a = type("A", (), {"inventory": "inv", "nodes": 3, "runs_dir": tmp_path})()
+    with pytest.raises(
+        rb.PlanError, match=r"^fault 2/2 partition@laptop-b:15 of the plan did not complete in run r1"
+    ):
+        rb.inject_plan(a, [], "r1", rb.parse_plan("freeze@rank0:15,partition@laptop-b:15"))
