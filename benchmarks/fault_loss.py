@@ -19,7 +19,9 @@ it trained on (``samples_seen`` of its last committed step: the sum over committ
 participants x per-replica batch), the faults injected, the wall time and the load average; then
 the validation loss at every evaluation step side by side with ``faulted - clean`` (the cost of the
 faults) beside the noise band (min..max of ``noise_k - clean``), and one verdict line: is the
-faulted run inside the band, at the final evaluation and at how many evaluation steps. Plots the
+faulted run inside the band, at the final evaluation and at how many evaluation steps. Beside it,
+``faulted - clean@samples``: the clean run's val interpolated at the samples the faulted run had
+trained on (under keep_per_rank a step at fewer participants trains on fewer samples). Plots the
 validation curves with matplotlib. Figures, not assertions: exit 0 whenever every play ran; exit 2
 (with the table of the runs done so far) when a play failed, e.g. a plan that does not fit the run.
 
@@ -27,6 +29,7 @@ Usage (controller, lab up and provisioned, e.g. after ``make demo``):
   .venv/bin/python benchmarks/fault_loss.py [-i inventory/lab] [--engine per_step] [--seed 1337]
       [--noise-seeds 3] [--plan kill-agent@rank0,poweroff@rank0,freeze@rank0:20,partition@rank0:20]
       [--out runs/bench-fault-loss-<time>.json] [--plot runs/bench-fault-loss-<time>.png] [-e k=v ...]
+  .venv/bin/python benchmarks/fault_loss.py --table runs/bench-fault-loss-<time>.json   # print again
 """
 
 from __future__ import annotations
@@ -89,6 +92,33 @@ def samples_trained(run_dir: Path) -> dict[str, int]:
     return out
 
 
+def samples_curve(run_dir: Path, steps: list[int] | None = None) -> dict[int, int]:
+    """Samples trained by step: the largest ``samples_seen`` among the committed ``step`` records of
+    each step (of ``steps`` when given, e.g. the evaluation steps)."""
+    want = None if steps is None else set(steps)
+    out: dict[int, int] = {}
+    for r in events_of(load_run(run_dir).records, "step"):
+        step, seen = r.get("step"), r.get("samples_seen")
+        if r.get("committed", True) is False or not isinstance(step, int) or not isinstance(seen, int):
+            continue
+        if want is None or step in want:
+            out[step] = max(seen, out.get(step, 0))
+    return dict(sorted(out.items()))
+
+
+def val_at_samples(curve: dict, samples: dict, n: float | None) -> float | None:
+    """Validation loss of a run interpolated (linearly) at ``n`` samples trained, from its
+    evaluation steps (``curve``: step -> val) and ``samples`` (step -> samples trained); None when
+    ``n`` is outside the evaluated range or a figure is missing."""
+    pts = sorted((samples[s], v) for s, v in ((int(k), v) for k, v in curve.items()) if s in samples)
+    if n is None or not pts or not pts[0][0] <= n <= pts[-1][0]:
+        return None
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:], strict=False):
+        if x0 <= n <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (n - x0) / (x1 - x0)
+    return pts[-1][1]
+
+
 def one_run(a: argparse.Namespace, label: str, seed: int, plan: recovery.Plan) -> dict:
     """Launch a run of ``a.engine`` with ``seed``, inject ``plan`` (may be empty; no wait after its
     last fault), follow it to its end and collect it. Returns {label, run_id, seed, faults,
@@ -126,12 +156,24 @@ def one_run(a: argparse.Namespace, label: str, seed: int, plan: recovery.Plan) -
         "load_end": loadavg(),
         "curve": val_curve(a.runs_dir / run_id),
     }
+    out["samples_curve"] = samples_curve(a.runs_dir / run_id, list(out["curve"]))
     print(
         f"{label}: run {run_id} seed {seed}, {out['steps']} steps, val {out['final_val_loss']}, "
         f"samples {_samples(out['samples'])}, {out['wall_s']} s, load {load_start} -> {out['load_end']}",
         flush=True,
     )
     return out
+
+
+def remeasure(run: dict, runs_dir: Path) -> dict:
+    """A run entry of an earlier JSON with its samples (per host, and by evaluation step) read again
+    from its folder in ``runs_dir`` when the folder is there (entries written before those fields
+    existed)."""
+    folder = runs_dir / run["run_id"]
+    if not folder.is_dir():
+        return run
+    steps = [int(s) for s in run["curve"]]
+    return {**run, "samples": samples_trained(folder), "samples_curve": samples_curve(folder, steps)}
 
 
 def _f(v: float | None) -> str:
@@ -166,16 +208,22 @@ def _noise_labels(runs: list[dict]) -> list[str]:
 
 def comparison(runs: list[dict]) -> tuple[list[dict], dict] | None:
     """Faulted vs the noise band, per evaluation step and final. Returns (rows, final), each a dict
-    {step (rows only), clean, faulted, noise: {label: val}, cost, band: [min, max] | None, where};
-    None without a clean, a faulted and at least one noise run."""
+    {step (rows only), clean, faulted, noise: {label: val}, cost, band: [min, max] | None, where,
+    clean_same, cost_same}; ``clean_same`` is the clean run's val at the samples the faulted run
+    had trained on at that point (:func:`val_at_samples`), ``cost_same`` faulted minus it. None
+    without a clean, a faulted and at least one noise run."""
     by = {r["label"]: r for r in runs}
     noise = _noise_labels(runs)
     if not ({"clean", "faulted"} <= by.keys() and noise):
         return None
     curves = {k: {int(s): v for s, v in r["curve"].items()} for k, r in by.items()}
 
-    def entry(get) -> dict:
+    clean_samples = {int(k): v for k, v in (by["clean"].get("samples_curve") or {}).items()}
+    faulted_samples = {int(k): v for k, v in (by["faulted"].get("samples_curve") or {}).items()}
+
+    def entry(get, f_samples: int | None) -> dict:
         c, f = get("clean"), get("faulted")
+        same = val_at_samples(curves["clean"], clean_samples, f_samples)
         ns = {k: get(k) for k in noise}
         diffs = [v - c for v in ns.values() if v is not None and c is not None]
         cost = None if f is None or c is None else f - c
@@ -186,11 +234,14 @@ def comparison(runs: list[dict]) -> tuple[list[dict], dict] | None:
             "cost": cost,
             "band": [min(diffs), max(diffs)] if diffs else None,
             "where": band_check(cost, diffs),
+            "clean_same": same,
+            "cost_same": None if f is None or same is None else f - same,
         }
 
     steps = sorted(set().union(*(curves[k].keys() for k in ("clean", "faulted", *noise))))
-    rows = [{"step": s, **entry(lambda k, s=s: curves[k].get(s))} for s in steps]
-    final = entry(lambda k: num(by[k]["final_val_loss"]))
+    rows = [{"step": s, **entry(lambda k, s=s: curves[k].get(s), faulted_samples.get(s))} for s in steps]
+    final_samples = max((by["faulted"].get("samples") or {}).values(), default=None)
+    final = entry(lambda k: num(by[k]["final_val_loss"]), final_samples)
     return rows, final
 
 
@@ -213,7 +264,13 @@ def verdict(runs: list[dict]) -> str:
             f"verdict: faulted - clean {_d(final['cost'])} nats at the final evaluation is "
             f"{word[final['where']]} the noise band [{_d(band[0])}, {_d(band[1])}] of {k} other seed(s)"
         )
-    return f"{head}; inside at {inside} of {len(judged)} evaluation steps"
+    line = f"{head}; inside at {inside} of {len(judged)} evaluation steps"
+    if final["cost_same"] is not None:
+        line += (
+            f"\nat equal samples: faulted - clean {_d(final['cost_same'])} nats at the final evaluation "
+            "(the clean run's val interpolated at the samples the faulted run trained on)"
+        )
+    return line
 
 
 def table(runs: list[dict]) -> str:
@@ -242,6 +299,7 @@ def table(runs: list[dict]) -> str:
     rows, final = cmp
     noise = _noise_labels(runs)
     head = ["step", "clean", "faulted", *noise, "faulted-clean", "noise-clean band", "faulted"]
+    head += ["clean@samples", "faulted-clean@samples"]
     cells = [head]
     for r in [*rows, {**final, "step": "final"}]:
         band = "-" if r["band"] is None else f"{_d(r['band'][0])}..{_d(r['band'][1])}"
@@ -254,6 +312,8 @@ def table(runs: list[dict]) -> str:
                 _d(r["cost"]),
                 band,
                 r["where"],
+                _f(r["clean_same"]),
+                _d(r["cost_same"]),
             ]
         )
     widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
@@ -301,7 +361,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="raw figures (JSON)")
     p.add_argument("--plot", type=Path, default=None, help="validation curves (PNG)")
     p.add_argument("-e", "--extra", action="append", default=[], help="extra var for every playbook")
+    p.add_argument(
+        "--table",
+        type=Path,
+        default=None,
+        help="print the table of an earlier run's JSON (samples read again from the run folders); no play",
+    )
     a = p.parse_args(argv)
+    if a.table is not None:
+        print(table([remeasure(r, a.runs_dir) for r in json.loads(a.table.read_text())["runs"]]))
+        return 0
     try:
         plan = parse_plan(a.plan)
     except ValueError as exc:

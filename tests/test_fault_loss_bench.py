@@ -62,7 +62,8 @@ def test_table_puts_the_cost_of_faults_beside_the_noise_band_of_several_seeds():
         _run("noise3", 1340, {"100": 2.51, "200": 2.13}, 2.030),
     ]
     text = fl.table(runs)
-    # step, clean, faulted, noise1..3, faulted-clean, band (min..max of noise - clean), where
+    # step, clean, faulted, noise1..3, faulted-clean, band (min..max of noise - clean), where,
+    # clean@samples, faulted-clean@samples (no samples by step here)
     assert _row(text, "100") == [
         "100",
         "2.500",
@@ -73,8 +74,22 @@ def test_table_puts_the_cost_of_faults_beside_the_noise_band_of_several_seeds():
         "+0.050",
         "-0.010..+0.020",
         "above",
+        "-",
+        "-",
     ]
-    assert _row(text, "200") == ["200", "2.100", "-", "2.120", "2.080", "2.130", "-", "-0.020..+0.030", "-"]
+    assert _row(text, "200") == [
+        "200",
+        "2.100",
+        "-",
+        "2.120",
+        "2.080",
+        "2.130",
+        "-",
+        "-0.020..+0.030",
+        "-",
+        "-",
+        "-",
+    ]
     assert _row(text, "final") == [
         "final",
         "1.990",
@@ -85,6 +100,8 @@ def test_table_puts_the_cost_of_faults_beside_the_noise_band_of_several_seeds():
         "+0.012",
         "-0.010..+0.040",
         "in",
+        "-",
+        "-",
     ]
     assert (
         "verdict: faulted - clean +0.012 nats at the final evaluation is INSIDE the noise band "
@@ -127,6 +144,64 @@ def test_samples_trained_is_samples_seen_of_the_last_committed_step_per_host(tmp
         (run / host / "metrics" / f"{host}-local0.jsonl").write_text("\n".join(lines) + "\n")
     assert fl.samples_trained(run) == {"laptop-a": 744, "laptop-b": 720}
     assert fl._samples(fl.samples_trained(run)) == "720..744"
+
+
+def test_val_at_samples_interpolates_the_clean_curve_at_the_faulted_runs_samples():
+    curve, samples = {"100": 2.5, "200": 2.1, "300": 2.0}, {100: 3600, 200: 7200, 300: 10800}
+    assert fl.val_at_samples(curve, samples, 5400) == pytest.approx(2.3)
+    assert fl.val_at_samples(curve, samples, 10800) == pytest.approx(2.0)
+    assert fl.val_at_samples(curve, samples, 3000) is None  # before the first evaluation
+    assert fl.val_at_samples(curve, samples, None) is None
+
+
+def test_table_compares_at_equal_samples_when_the_faulted_run_trained_on_fewer():
+    """Under keep_per_rank a step at 2 participants trains on 24 samples instead of 36: the
+    faulted run is behind at equal steps; the @samples columns say whether it is at equal samples."""
+    clean = _run("clean", 1, {"100": 2.5, "200": 2.1, "300": 2.0}, 2.0, samples={"laptop-a": 10800})
+    clean["samples_curve"] = {"100": 3600, "200": 7200, "300": 10800}
+    faulted = _run("faulted", 1, {"100": 2.5, "200": 2.3, "300": 2.2}, 2.2, samples={"laptop-a": 7200})
+    faulted["samples_curve"] = {"100": 3600, "200": 6000, "300": 7200}
+    text = fl.table([clean, faulted, _run("noise1", 2, {"300": 2.01}, 2.01)])
+    row200 = _row(text, "200")
+    assert row200[-2:] == ["2.233", "+0.067"]  # clean at 6,000 samples: 2.5 - 0.4 * 2400 / 3600
+    assert _row(text, "final")[-2:] == ["2.100", "+0.100"]
+    assert "at equal samples: faulted - clean +0.100 nats at the final evaluation" in text
+    assert _row(text, "faulted")[6:8] == ["7,200", "67"]
+
+
+def test_samples_curve_is_samples_seen_by_committed_step(tmp_path):
+    run = tmp_path / "r"
+    (run / "laptop-a" / "metrics").mkdir(parents=True)
+    recs = [(100, 3600, True), (150, 5000, False), (150, 5012, True), (200, 6200, True)]
+    lines = [
+        json.dumps(
+            {
+                "event": "step",
+                "time": 1.0 + i,
+                "host": "laptop-a",
+                "step": s,
+                "samples_seen": n,
+                "committed": c,
+            }
+        )
+        for i, (s, n, c) in enumerate(recs)
+    ]
+    (run / "laptop-a" / "metrics" / "laptop-a-local0.jsonl").write_text("\n".join(lines) + "\n")
+    assert fl.samples_curve(run) == {100: 3600, 150: 5012, 200: 6200}
+    assert fl.samples_curve(run, [100, 200]) == {100: 3600, 200: 6200}
+
+
+def test_table_option_prints_an_earlier_json_again_without_a_play(monkeypatch, tmp_path, capsys):
+    def no_play(*a, **k):
+        raise AssertionError("a playbook ran")
+
+    monkeypatch.setattr(fl.recovery.subprocess, "run", no_play)
+    runs = tmp_path / "runs"
+    make_run(runs, "run-1")
+    old = {"runs": [{**_run("clean", 1337, {"49": 3.0}, 1.99), "run_id": "run-1", "samples": {}}]}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert fl.main(["--runs-dir", str(runs), "--table", str(tmp_path / "old.json")]) == 0
+    assert _row(capsys.readouterr().out, "clean")[6] == "4,800"  # samples read again from run-1
 
 
 class FakeLab:
