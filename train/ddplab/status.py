@@ -55,16 +55,20 @@ def fmt(v: float | None, spec: str = ".3f", none: str = "-") -> str:
     return none if v is None else format(v, spec)
 
 
+# The agent unit's properties the job state is read from (:func:`unit_state`). Their one home: the
+# ddp_job_watch action plugin reads this tuple from this file (ast, no import: ddplab is not
+# installed on the controller) when it asks systemd directly because ddplab.status cannot run.
+UNIT_PROPS = ("LoadState", "ActiveState", "SubState", "Result", "ExecMainStatus", "ExecMainCode",
+              "InvocationID", "MainPID", "ExecMainStartTimestampMonotonic")
+
+
 def unit_state(unit: str) -> dict[str, str]:
-    """``systemctl show`` of a unit: LoadState, ActiveState, SubState, Result, ExecMainStatus,
-    InvocationID, MainPID ({} when systemctl is not available)."""
-    props = (
-        "LoadState,ActiveState,SubState,Result,ExecMainStatus,ExecMainCode,InvocationID,MainPID,"
-        "ExecMainStartTimestampMonotonic"
-    )
+    """``systemctl show`` of a unit: the :data:`UNIT_PROPS` (LoadState, ActiveState, SubState,
+    Result, ExecMainStatus, ...) as strings ({} when systemctl is not available)."""
     try:
         out = subprocess.run(
-            ["systemctl", "show", unit, "-p", props], capture_output=True, text=True, timeout=20, check=False
+            ["systemctl", "show", unit, "-p", ",".join(UNIT_PROPS)], capture_output=True, text=True,
+            timeout=20, check=False,
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return {}

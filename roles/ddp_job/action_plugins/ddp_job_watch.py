@@ -24,6 +24,7 @@ report build before it returns, so the final report (collect) is never overwritt
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shlex
@@ -55,10 +56,26 @@ ARGS = {
 REPORT_WAIT_S = 120.0  # how long a returning watch waits for its live report build
 
 
-# The unit properties ddplab.status reports (ddplab.status.unit_state), read from systemd directly
-# when ddplab.status cannot run.
-UNIT_PROPS = ("LoadState", "ActiveState", "SubState", "Result", "ExecMainStatus", "ExecMainCode",
-              "InvocationID", "MainPID", "ExecMainStartTimestampMonotonic")
+# ddplab.status of this checkout: its UNIT_PROPS (the agent unit's properties the job state is read
+# from) are read from systemd directly when ddplab.status cannot run on the node.
+STATUS_PY = Path(__file__).resolve().parents[3] / "train" / "ddplab" / "status.py"
+
+
+def unit_props(status_py: Path = STATUS_PY) -> tuple[str, ...]:
+    """``ddplab.status.UNIT_PROPS``, read from ``status_py`` without importing it (ddplab is not
+    installed on the controller): the assignment's literal, parsed with ``ast``. Raises AnsibleError
+    when the file cannot be read or assigns no literal UNIT_PROPS."""
+    try:
+        tree = ast.parse(status_py.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError) as exc:
+        raise AnsibleError(f"cannot read UNIT_PROPS from {status_py}: {first_line(exc)}") from exc
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "UNIT_PROPS" for t in node.targets):
+            try:
+                return tuple(str(p) for p in ast.literal_eval(node.value))
+            except ValueError as exc:
+                raise AnsibleError(f"UNIT_PROPS of {status_py} is not a literal: {first_line(exc)}") from exc
+    raise AnsibleError(f"{status_py} assigns no UNIT_PROPS")
 
 
 class LiveReport:
@@ -268,7 +285,7 @@ class ActionModule(ActionBase):
             live.shown.add(live.error)  # printed once
 
     def _unit_from_systemd(self, unit: str, task_vars: dict) -> dict:
-        """The agent unit's ``systemctl show`` properties (:data:`UNIT_PROPS`) read by
+        """The agent unit's ``systemctl show`` properties (:func:`unit_props`) read by
         ansible.builtin.systemd_service (no state: a read) when ``ddplab.status`` cannot run on
         the node (the node runtime not installed yet, or broken): a running agent is still seen,
         so stop.yml and reset.yml stop it. ``{}`` when systemd cannot be asked either."""
@@ -276,7 +293,7 @@ class ActionModule(ActionBase):
             module_name="ansible.builtin.systemd_service", module_args={"name": unit}, task_vars=task_vars
         )
         status = res.get("status") or {}
-        return {k: str(status[k]) for k in UNIT_PROPS if k in status} if not res.get("failed") else {}
+        return {k: str(status[k]) for k in unit_props() if k in status} if not res.get("failed") else {}
 
     def _once(self, result: dict, args: dict, task_vars: dict) -> dict:
         """One read of the node's state (see the module docstring: ``once``)."""
