@@ -106,6 +106,25 @@ def samples_curve(run_dir: Path, steps: list[int] | None = None) -> dict[int, in
     return dict(sorted(out.items()))
 
 
+def last_fault_step(run_dir: Path) -> int | None:
+    """How far the run had got when its last fault was over (the end of the last injection: its
+    time plus its duration, e.g. a healed partition, or a rejoin's launch): the highest step
+    committed by then. None without a fault or a step before its end."""
+    run = load_run(run_dir)
+    inj = faults.injections(run.events)
+    if not inj:
+        return None
+    end = max(i.time + (i.duration_s or 0.0) for i in inj)
+    done = [
+        r["step"]
+        for r in events_of(run.records, "step")
+        if isinstance(r.get("step"), int)
+        and r.get("committed", True) is not False
+        and r.get("time", 0) <= end
+    ]
+    return max(done, default=None)
+
+
 def val_at_samples(curve: dict, samples: dict, n: float | None) -> float | None:
     """Validation loss of a run interpolated (linearly) at ``n`` samples trained, from its
     evaluation steps (``curve``: step -> val) and ``samples`` (step -> samples trained); None when
@@ -157,6 +176,7 @@ def one_run(a: argparse.Namespace, label: str, seed: int, plan: recovery.Plan) -
         "curve": val_curve(a.runs_dir / run_id),
     }
     out["samples_curve"] = samples_curve(a.runs_dir / run_id, list(out["curve"]))
+    out["last_fault_step"] = last_fault_step(a.runs_dir / run_id) if plan else None
     print(
         f"{label}: run {run_id} seed {seed}, {out['steps']} steps, val {out['final_val_loss']}, "
         f"samples {_samples(out['samples'])}, {out['wall_s']} s, load {load_start} -> {out['load_end']}",
@@ -173,7 +193,12 @@ def remeasure(run: dict, runs_dir: Path) -> dict:
     if not folder.is_dir():
         return run
     steps = [int(s) for s in run["curve"]]
-    return {**run, "samples": samples_trained(folder), "samples_curve": samples_curve(folder, steps)}
+    return {
+        **run,
+        "samples": samples_trained(folder),
+        "samples_curve": samples_curve(folder, steps),
+        "last_fault_step": last_fault_step(folder),
+    }
 
 
 def _f(v: float | None) -> str:
@@ -293,6 +318,12 @@ def table(runs: list[dict]) -> str:
             f"{_samples(r.get('samples')):>15} {share:>7} {r['wall_s']:>7}  "
             f"{r['load_start']} -> {r['load_end']}   {', '.join(r['faults']) or '-'}"
         )
+    for r in runs:
+        if r.get("last_fault_step") and r.get("steps"):
+            lines.append(
+                f"{r['label']}: the last fault was over at step {r['last_fault_step']} of {r['steps']} "
+                f"({100 * r['last_fault_step'] / r['steps']:.0f} % of the run)"
+            )
     cmp = comparison(runs)
     if cmp is None:
         return "\n".join(lines)

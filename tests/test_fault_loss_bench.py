@@ -197,11 +197,32 @@ def test_table_option_prints_an_earlier_json_again_without_a_play(monkeypatch, t
 
     monkeypatch.setattr(fl.recovery.subprocess, "run", no_play)
     runs = tmp_path / "runs"
-    make_run(runs, "run-1")
+    (make_run(runs, "run-1") / "events.jsonl").write_text("")
     old = {"runs": [{**_run("clean", 1337, {"49": 3.0}, 1.99), "run_id": "run-1", "samples": {}}]}
     (tmp_path / "old.json").write_text(json.dumps(old))
     assert fl.main(["--runs-dir", str(runs), "--table", str(tmp_path / "old.json")]) == 0
     assert _row(capsys.readouterr().out, "clean")[6] == "4,800"  # samples read again from run-1
+
+
+def test_last_fault_step_is_the_runs_progress_when_the_last_fault_was_over(tmp_path):
+    run = tmp_path / "r"
+    (run / "laptop-b" / "metrics").mkdir(parents=True)
+    recs = [(100, 10.0, True), (200, 20.0, True), (210, 26.0, False), (210, 27.0, True), (300, 40.0, True)]
+    lines = [
+        json.dumps(
+            {"event": "step", "time": t, "host": "laptop-b", "step": st, "samples_seen": 1, "committed": c}
+        )
+        for st, t, c in recs
+    ]
+    (run / "laptop-b" / "metrics" / "laptop-b-local0.jsonl").write_text("\n".join(lines) + "\n")
+    events = [
+        {"time": 5.0, "kind": "fault", "mode": "kill-agent", "node": "laptop-a"},
+        {"time": 12.0, "kind": "fault", "mode": "partition", "node": "laptop-a", "duration_s": 15.0},
+    ]
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert fl.last_fault_step(run) == 210  # partition over at 27.0 s: step 210 committed by then
+    (run / "events.jsonl").write_text("")
+    assert fl.last_fault_step(run) is None
 
 
 class FakeLab:
