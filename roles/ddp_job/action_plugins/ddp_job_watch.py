@@ -11,7 +11,11 @@ unreachable | timeout) and the last ``progress``/``unit``/``line``/``workers``, 
 
 ``once: true`` (``status.yml``, ``logs.yml``): one read, nothing printed; ``state`` is the node's
 state as read (``running`` too), ``unreachable`` when the node cannot be reached, ``error`` when
-the command failed there, with ``error`` holding the one-line reason.
+the command failed there, with ``error`` holding the one-line reason. With ``probe_timeout_s`` > 0
+and a plain ssh connection (no ProxyJump/ProxyCommand in what ``ssh -G`` resolves), the node's SSH
+port is first probed from the controller (a TCP connect): a node that does not answer within that
+time is ``unreachable`` without an ssh attempt, which would wait for ssh's ConnectTimeout (10 s) or,
+through a ControlPersist master whose node was powered off, until ServerAlive ends the master.
 
 Live report (``report_dir``: the run's folder on the controller): each poll also brings the node's
 metrics lines written since the last one (``ddplab.status --chunks-from``), which are appended to
@@ -28,6 +32,7 @@ import ast
 import json
 import os
 import shlex
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -48,6 +53,7 @@ ARGS = {
     "timeout_s": {"type": "float", "default": 86400.0},
     "max_errors": {"type": "int", "default": 6},
     "once": {"type": "bool", "default": False},
+    "probe_timeout_s": {"type": "float", "default": 0.0},  # once: TCP probe of the SSH port first; 0 = none
     # live report (see the module docstring); "" = none
     "report_dir": {"type": "str", "default": ""},
     "report_python": {"type": "str", "default": ""},
@@ -295,10 +301,50 @@ class ActionModule(ActionBase):
         status = res.get("status") or {}
         return {k: str(status[k]) for k in unit_props() if k in status} if not res.get("failed") else {}
 
+    def _ssh_endpoint(self) -> tuple[str, int] | None:
+        """``(address, port)`` the connection's ssh dials, as ``ssh -G`` resolves it with the
+        connection's ssh arguments (ssh_config included); None when the connection is not ssh, goes
+        through a proxy (a direct probe would say nothing), or ssh cannot resolve it."""
+        conn = self._connection
+        if getattr(conn, "transport", "") not in ("ssh", "ansible.builtin.ssh"):
+            return None
+        try:
+            host = str(conn.get_option("host") or self._play_context.remote_addr)
+            port = conn.get_option("port")
+            extra = [a for o in ("ssh_args", "ssh_common_args", "ssh_extra_args")
+                     for a in shlex.split(str(conn.get_option(o) or ""))]
+            argv = ["ssh", "-G", *extra, *(["-p", str(port)] if port else []), host]
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
+        except (KeyError, ValueError, OSError, subprocess.TimeoutExpired):
+            return None
+        conf = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+        if out.returncode != 0 or conf.get("proxyjump", "none") != "none" or "proxycommand" in conf:
+            return None
+        try:
+            return conf["hostname"], int(conf.get("port", "22"))
+        except (KeyError, ValueError):
+            return None
+
+    def _probe(self, timeout_s: float) -> str | None:
+        """None when the node's SSH port answers within ``timeout_s`` (or cannot be probed: see
+        :meth:`_ssh_endpoint`), else the one-line reason it is unreachable."""
+        endpoint = self._ssh_endpoint()
+        if endpoint is None:
+            return None
+        try:
+            socket.create_connection(endpoint, timeout=timeout_s).close()
+        except OSError as exc:
+            why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or first_line(exc))
+            return f"ssh port {endpoint[1]} of {endpoint[0]} does not answer within {timeout_s:g} s: {why}"
+        return None
+
     def _once(self, result: dict, args: dict, task_vars: dict) -> dict:
         """One read of the node's state (see the module docstring: ``once``)."""
         start = time.monotonic()
         try:
+            off = self._probe(args["probe_timeout_s"]) if args["probe_timeout_s"] > 0 else None
+            if off is not None:
+                raise AnsibleConnectionFailure(off)
             doc = self._poll(args, task_vars)
             state, error = doc["state"], None
         except AnsibleConnectionFailure as exc:
