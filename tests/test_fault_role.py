@@ -73,6 +73,12 @@ def run_play(tmp_path, *extra):
      "fault_partition_scope=half must be one of trainers, all"),
 ])
 def test_bad_input_is_refused_before_any_node_is_contacted(tmp_path, extra, message):
+    assert_refused(tmp_path, extra, message)
+
+
+def assert_refused(tmp_path, extra, message) -> str:
+    """kill-node.yml with ``extra`` fails with ``message`` once, before any node is contacted;
+    returns its output."""
     r = run_play(tmp_path, *extra)
     out = r.stdout + r.stderr
     assert r.returncode != 0, out
@@ -80,6 +86,7 @@ def test_bad_input_is_refused_before_any_node_is_contacted(tmp_path, extra, mess
     assert "UNREACHABLE" not in out, out
     # one refusal, not one per host with the role's whole argument spec printed
     assert out.count("fatal:") == 1, out
+    return out
 
 
 def _records(host, t0, steps, world_size=3, restart=0, start_resumed=None):

@@ -3,12 +3,12 @@ integer is due, a non-boolean, a value outside the choices) in ONE line, once, b
 contacted (newcomer, 2026-12-01: `-e rank=abc` printed the role's whole argument spec three times,
 once per host)."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import yaml
-from test_fault_role import PLAYBOOK, run_play
+from test_fault_role import PLAYBOOK, assert_refused
+from test_status_table import _load
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = yaml.safe_load((ROOT / "roles/fault/meta/argument_specs.yml").read_text())
@@ -16,11 +16,7 @@ SPEC = SPEC["argument_specs"]["main"]["options"]
 
 
 def _filters():
-    path = ROOT / "roles/fault/filter_plugins/fault.py"
-    spec = importlib.util.spec_from_file_location("fault_filters", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _load("fault_filters", "roles/fault/filter_plugins/fault.py")
 
 
 @pytest.mark.parametrize("values, problems", [
@@ -57,10 +53,7 @@ def test_checked_settings_are_the_typed_ones():
      "fault_partition_scope=half must be one of trainers, all"),
 ])
 def test_a_bad_setting_is_refused_once_in_one_line(tmp_path, extra, message):
-    r = run_play(tmp_path, *extra)
-    out = r.stdout + r.stderr
-    assert r.returncode != 0, out
-    assert message in out, out
-    assert out.count("fatal:") == 1, out
+    """One refusal (one `fatal:`), the message, no node contacted: the checks of kill-node's other
+    bad input (tests/test_fault_role.py); and no argument spec printed."""
+    out = assert_refused(tmp_path, extra, message)
     assert "argument_spec_data" not in out and "Validation of arguments failed" not in out, out
-    assert "UNREACHABLE" not in out, out

@@ -4,23 +4,15 @@ measured 12.1-12.7 s before and 5.0-5.2 s after on the lab, docs/running.md). Th
 plugin (once) probes the SSH port that `ssh -G` resolves before it runs ssh; a proxied connection is
 not probed."""
 
-import importlib.util
 import json
 import socket
-from pathlib import Path
 
 import pytest
-from test_status_table import PLAYBOOK, _case, _play
-
-ROOT = Path(__file__).resolve().parent.parent
+from test_status_table import PLAYBOOK, _case, _load, _play
 
 
 def _watch():
-    path = ROOT / "roles/ddp_job/action_plugins/ddp_job_watch.py"
-    spec = importlib.util.spec_from_file_location("ddp_job_watch_probe", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _load("ddp_job_watch_probe", "roles/ddp_job/action_plugins/ddp_job_watch.py")
 
 
 class FakeConnection:

@@ -3,23 +3,19 @@ ddplab.status asks systemctl for them, and the ddp_job_watch action plugin's sys
 ddplab.status cannot run on the node) reads the same tuple from train/ddplab/status.py without
 importing ddplab (review of 2026-12-01: the plugin repeated the list)."""
 
-import importlib.util
 import subprocess
 from pathlib import Path
 
 import pytest
 from ansible.errors import AnsibleError
 from ddplab import status as st
+from test_status_table import _load
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _watch():
-    path = ROOT / "roles/ddp_job/action_plugins/ddp_job_watch.py"
-    spec = importlib.util.spec_from_file_location("ddp_job_watch_props", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _load("ddp_job_watch_props", "roles/ddp_job/action_plugins/ddp_job_watch.py")
 
 
 def test_the_plugin_reads_ddplab_status_unit_props():

@@ -3,29 +3,15 @@ while its agent's unit runs is stopped and must be named in the run's `kind: sto
 and the watch then call it stopped, not failed); `stop.yml --check` says what it would stop instead
 of "stopped run ..."."""
 
-import json
-
 import pytest
 from test_status_table import PLAYBOOK, RUN_ID, _events, _play, _stop_case
-
-
-def _without_ddplab(tmp_path, inv, host):
-    """``host``'s venv python fails as ddplab.status not installed would."""
-    venv = tmp_path / "venv-without-ddplab"
-    (venv / "bin").mkdir(parents=True)
-    (venv / "bin/python").write_text(
-        "#!/bin/sh\necho \"/opt/ddp-lab/venv/bin/python: No module named ddplab.status\" >&2\nexit 1\n"
-    )
-    (venv / "bin/python").chmod(0o755)
-    data = json.loads(inv.read_text())
-    data["all"]["children"]["trainers"]["hosts"][host]["ddp_job_venv"] = str(venv)
-    inv.write_text(json.dumps(data))
+from test_stop_without_runtime import without_ddplab
 
 
 @pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
 def test_stop_event_names_a_running_agent_whose_state_ddplab_cannot_read(tmp_path):
     inv, env = _stop_case(tmp_path, {"laptop-run": "running", "laptop-bad": "running", "laptop-end": "ended"})
-    _without_ddplab(tmp_path, inv, "laptop-bad")
+    without_ddplab(tmp_path, inv, "laptop-bad")
     out = _play(inv, env, "playbooks/stop.yml")
     text = out.stdout + out.stderr
     assert out.returncode == 0, text

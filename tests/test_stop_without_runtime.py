@@ -9,9 +9,8 @@ import pytest
 from test_status_table import PLAYBOOK, _events, _play, _stop_case
 
 
-@pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
-def test_stop_stops_a_running_agent_whose_state_ddplab_cannot_read(tmp_path):
-    inv, env = _stop_case(tmp_path, {"laptop-run": "running"})
+def without_ddplab(tmp_path, inv, host):
+    """``host``'s venv python fails as it does where ddplab.status is not installed."""
     venv = tmp_path / "venv-without-ddplab"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin/python").write_text(
@@ -19,8 +18,14 @@ def test_stop_stops_a_running_agent_whose_state_ddplab_cannot_read(tmp_path):
     )
     (venv / "bin/python").chmod(0o755)
     data = json.loads(inv.read_text())
-    data["all"]["children"]["trainers"]["hosts"]["laptop-run"]["ddp_job_venv"] = str(venv)
+    data["all"]["children"]["trainers"]["hosts"][host]["ddp_job_venv"] = str(venv)
     inv.write_text(json.dumps(data))
+
+
+@pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
+def test_stop_stops_a_running_agent_whose_state_ddplab_cannot_read(tmp_path):
+    inv, env = _stop_case(tmp_path, {"laptop-run": "running"})
+    without_ddplab(tmp_path, inv, "laptop-run")
     out = _play(inv, env, "playbooks/stop.yml")
     text = out.stdout + out.stderr
     assert out.returncode == 0, text
