@@ -18,7 +18,8 @@ Prints per run the final evaluation (summary.json's final_val_loss / final_train
 it trained on (``samples_seen`` of its last committed step: the sum over committed steps of
 participants x per-replica batch), the faults injected, the wall time and the load average; then
 the validation loss at every evaluation step side by side with ``faulted - clean`` (the cost of the
-faults) beside the noise band (min..max of ``noise_k - clean``), and one verdict line: is the
+faults) beside the noise band (min..max of ``noise_k - clean`` and of clean's own 0: every
+fault-free run minus clean), and one verdict line: is the
 faulted run inside the band, at the final evaluation and at how many evaluation steps. Beside it,
 ``faulted - clean@samples``: the clean run's val interpolated at the samples the faulted run had
 trained on (under keep_per_rank a step at fewer participants trains on fewer samples). Plots the
@@ -233,7 +234,8 @@ def _noise_labels(runs: list[dict]) -> list[str]:
 
 def comparison(runs: list[dict]) -> tuple[list[dict], dict] | None:
     """Faulted vs the noise band, per evaluation step and final. Returns (rows, final), each a dict
-    {step (rows only), clean, faulted, noise: {label: val}, cost, band: [min, max] | None, where,
+    {step (rows only), clean, faulted, noise: {label: val}, cost, band: [min, max] | None (of the
+    fault-free runs minus clean: 0 and every ``noise_k - clean``), where,
     clean_same, cost_same}; ``clean_same`` is the clean run's val at the samples the faulted run
     had trained on at that point (:func:`val_at_samples`), ``cost_same`` faulted minus it. None
     without a clean, a faulted and at least one noise run."""
@@ -257,8 +259,9 @@ def comparison(runs: list[dict]) -> tuple[list[dict], dict] | None:
             "faulted": f,
             "noise": ns,
             "cost": cost,
-            "band": [min(diffs), max(diffs)] if diffs else None,
-            "where": band_check(cost, diffs),
+            # the clean run is one fault-free draw too: its own difference (0) is in the band
+            "band": [min(0.0, *diffs), max(0.0, *diffs)] if diffs else None,
+            "where": band_check(cost, [0.0, *diffs] if diffs else []),
             "clean_same": same,
             "cost_same": None if f is None or same is None else f - same,
         }

@@ -114,10 +114,14 @@ def test_table_puts_the_cost_of_faults_beside_the_noise_band_of_several_seeds():
 
 def test_verdict_says_outside_and_which_side():
     clean, noise = _run("clean", 1, {}, 2.0), _run("noise1", 2, {}, 2.02)
-    assert "OUTSIDE (worse than) the noise band [+0.020, +0.020]" in fl.verdict(
+    assert "OUTSIDE (worse than) the noise band [+0.000, +0.020]" in fl.verdict(
         [clean, _run("faulted", 1, {}, 2.05), noise]
     )
     assert "OUTSIDE (better than)" in fl.verdict([clean, _run("faulted", 1, {}, 1.99), noise])
+    # closer to clean than the other seed: inside (the band holds clean's own 0)
+    assert "+0.010 nats at the final evaluation is INSIDE the noise band [+0.000, +0.020]" in fl.verdict(
+        [clean, _run("faulted", 1, {}, 2.01), noise]
+    )
     assert fl.verdict([clean, noise]).startswith("verdict: - (needs a clean, a faulted")
 
 
