@@ -399,11 +399,16 @@ def main(argv: list[str] | None = None) -> int:
         "--table",
         type=Path,
         default=None,
-        help="print the table of an earlier run's JSON (samples read again from the run folders); no play",
+        help="print the table of an earlier run's JSON (samples read again from the run folders; the PNG "
+        "too with --plot); no play",
     )
     a = p.parse_args(argv)
     if a.table is not None:
-        print(table([remeasure(r, a.runs_dir) for r in json.loads(a.table.read_text())["runs"]]))
+        again = [remeasure(r, a.runs_dir) for r in json.loads(a.table.read_text())["runs"]]
+        print(table(again))
+        if a.plot is not None:
+            plot(again, a.plot)
+            print(f"plot: {a.plot}")
         return 0
     try:
         plan = parse_plan(a.plan)
