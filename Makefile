@@ -102,8 +102,9 @@ molecule: venv image ## run the multi-node molecule scenarios (SCENARIOS=..., de
 	done
 
 # Five lab laptops (N > 3) on this machine: elastic 1:5, poweroff of rank 0's node, rejoin, summary
-# and report for 5 hosts (molecule/nodes5). Not in SCENARIOS: it took 39 min on the shared 2-core
-# machine (load 14-33; docs/lab.md), and make test must stay within 45 min.
+# and report for 5 hosts (molecule/nodes5). Not in SCENARIOS: it took 15-19 min on the shared 2-core
+# machine (2026-12-01, load 2-15; 39 min at load 14-33; docs/lab.md), and with make test's ~27 min
+# it would pass the 45-min budget.
 test-nodes5: venv image ## molecule scenario nodes5: five laptops, elastic 1:5, poweroff + rejoin (not in make test)
 	$(MAKE) --no-print-directory molecule SCENARIOS=nodes5
 
