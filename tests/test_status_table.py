@@ -367,6 +367,25 @@ def test_attach_refuses_when_no_trainer_has_the_job(tmp_path):
 
 
 @pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
+def test_attach_refuses_a_run_no_trainer_holds(tmp_path):
+    """attach.yml -e run_id=<a run no laptop has> while another run's job runs there (newcomer,
+    2026-12-01: it watched the other job to its end, stopped the store and 'collected' the unknown
+    run into a new folder, exit 0): one line, before the watch, and nothing written."""
+    inv, env = _case(tmp_path, {"laptop-run": "running"})
+    data = json.loads(inv.read_text())
+    del data["all"]["children"]["trainers"]["hosts"]["laptop-off"]
+    inv.write_text(json.dumps(data))
+    runs = tmp_path / "runs"
+    out = _play(inv, env, "attach.yml", "run_id=20990101-000000-zzzz", "ddp_job_watch_interval_s=1",
+                f"collect_runs_dir={runs}", f"report_runs_dir={runs}")
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text
+    assert "no trainer holds run 20990101-000000-zzzz" in text, text
+    assert "Watch the training" not in text and "Stop the store" not in text, text
+    assert not (runs / "20990101-000000-zzzz").exists(), text
+
+
+@pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
 def test_attach_follows_the_job_then_collects_and_reports(tmp_path):
     """attach.yml on a job that ended meanwhile: the watch's last lines, then collect and report as
     site.yml does (the same task files: roles/ddp_job/tasks/watch.yml, playbooks/collect.yml,

@@ -249,8 +249,9 @@ def agent(unit: Mapping[str, str]) -> dict[str, Any]:
 def progress(out_dir: Path, unit: str | None, host: str | None = None,
              injection: faults.Injection | None = None) -> dict[str, Any]:
     """The state of the job on this node: ``{host, state, unit, agent, progress, line, workers,
-    records, skipped_lines}`` (see :func:`job_state`, :func:`agent`, :func:`node_progress`;
-    ``workers``: :func:`ddplab.faults.newest_per_worker`).
+    records, skipped_lines, run_dir}`` (see :func:`job_state`, :func:`agent`, :func:`node_progress`;
+    ``workers``: :func:`ddplab.faults.newest_per_worker`; ``run_dir``: whether ``out_dir`` exists,
+    i.e. whether this node holds the run: the launch makes it before the agent starts).
 
     Without ``injection``, only the tail of each metrics file and its newest start record are read
     (:func:`read_node_metrics`) and only the records written since the unit's current start count
@@ -271,7 +272,7 @@ def progress(out_dir: Path, unit: str | None, host: str | None = None,
     p = node_progress(records)
     out = {"host": host, "state": state, "unit": u, "agent": agent(u), "progress": p,
            "line": format_progress(host, p, state), "workers": faults.newest_per_worker(records),
-           "records": len(records), "skipped_lines": skipped}
+           "records": len(records), "skipped_lines": skipped, "run_dir": out_dir.is_dir()}
     if injection is not None:
         m = faults.measure(injection, records)
         out["phase"] = faults.progress_phase(m, out["agent"]["running"])

@@ -358,5 +358,6 @@ class ActionModule(ActionBase):
         result.update({"changed": False, "state": state, "error": error, "polls": 1,
                        "elapsed_s": round(time.monotonic() - start, 1), "progress": progress,
                        "unit": doc.get("unit", {}), "line": doc.get("line", ""),
-                       "workers": doc.get("workers", []), "stop_cause": progress.get("stop_cause")})
+                       "workers": doc.get("workers", []), "stop_cause": progress.get("stop_cause"),
+                       "run_dir": doc.get("run_dir")})  # None: not known (node not read)
         return result
