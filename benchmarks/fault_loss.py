@@ -26,9 +26,18 @@ trained on (under keep_per_rank a step at fewer participants trains on fewer sam
 validation curves with matplotlib. Figures, not assertions: exit 0 whenever every play ran; exit 2
 (with the table of the runs done so far) when a play failed, e.g. a plan that does not fit the run.
 
+``--reuse ROLE=RUN_ID`` (ROLE ``clean``, ``faulted`` or ``seed=N`` for the noise run of seed N,
+e.g. ``--reuse seed=1338=20261201-051613-1dda``) takes a run already collected in the runs folder
+instead of training it. Before any play, each reused run is checked against what this invocation
+would train (:func:`check_reuse`: engine, number of nodes, outcome finished, faults or none, and
+the training configuration its result.json recorded: seed, preset, max_steps and every other field
+that shapes training, plus every key given with ``-e``); a mismatch is a one-line error naming the
+field and both values (exit 2, nothing launched).
+
 Usage (controller, lab up and provisioned, e.g. after ``make demo``):
   .venv/bin/python benchmarks/fault_loss.py [-i inventory/lab] [--engine per_step] [--seed 1337]
       [--noise-seeds 3] [--plan kill-agent@rank0,poweroff@rank0,freeze@rank0:20,partition@rank0:20]
+      [--reuse clean=RUN_ID] [--reuse seed=1338=RUN_ID ...]
       [--out runs/bench-fault-loss-<time>.json] [--plot runs/bench-fault-loss-<time>.png] [-e k=v ...]
   .venv/bin/python benchmarks/fault_loss.py --table runs/bench-fault-loss-<time>.json   # print again
 """
@@ -37,9 +46,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "train")]
@@ -47,7 +58,8 @@ sys.path[:0] = [str(HERE), str(HERE.parent / "train")]
 import recovery  # noqa: E402  (benchmarks/recovery.py: play, await, plan, load average)
 from benchcli import first_sentence  # noqa: E402  (benchmarks/benchcli.py)
 from ddplab import faults  # noqa: E402
-from ddplab.controller.rundir import load_run  # noqa: E402
+from ddplab.config import build_config  # noqa: E402
+from ddplab.controller.rundir import RunFolderError, load_run  # noqa: E402
 from ddplab.records import events_of, num  # noqa: E402
 from recovery import (  # noqa: E402
     REPO,
@@ -62,6 +74,192 @@ from recovery import (  # noqa: E402
 )
 
 DEFAULT_PLAN = "kill-agent@rank0,poweroff@rank0,freeze@rank0:20,partition@rank0:20"
+
+#: ddp_job variables that become run.json keys (roles/ddp_job/vars/main.yml,
+#: ``__ddp_job_config_optional``); ``ddp_job_ft_<x>`` becomes ``ft_<x>`` and the keys of
+#: ``ddp_job_train_overrides`` are run.json keys themselves.
+CONFIG_VARS = {
+    "ddp_job_preset": "preset",
+    "ddp_job_max_steps": "max_steps",
+    "ddp_job_threads": "threads",
+    "ddp_job_lr_ramp_steps": "lr_ramp_steps",
+}
+#: ddplab.config.TrainConfig fields that shape what a run learns and how it is evaluated (model,
+#: batch, schedule, optimizer, data, seed, evaluation, engine). A reused run must match the
+#: invocation in each of them; the others (paths, ports, threads, checkpoint keeping) only when
+#: given with ``-e``.
+TRAINING_FIELDS = (
+    "preset", "n_layer", "n_head", "n_embd", "block_size", "dropout",
+    "per_rank_batch_size", "global_batch_size", "batch_policy",
+    "base_lr", "reference_batch_size", "warmup_steps", "lr_ramp_steps", "min_lr_ratio", "max_steps",
+    "weight_decay", "beta1", "beta2", "grad_clip",
+    "eval_interval", "eval_iters", "data_sha256", "seed", "fault_tolerance", "ft_min_replicas",
+)  # fmt: skip
+REUSE_FORMS = "clean=RUN_ID, faulted=RUN_ID or seed=N=RUN_ID"
+
+
+class ReuseError(ValueError):
+    """A ``--reuse`` that is malformed or names a run this invocation would not have trained; the
+    message is one line naming the run, the field and both values."""
+
+
+def extra_vars(extra: list[str]) -> dict[str, Any]:
+    """The variables of ``-e`` arguments as ansible-playbook merges them (later ones win): a JSON
+    object, ``@file`` (YAML/JSON, relative to the repository: the plays run there) or
+    space-separated ``key=value`` pairs (string values). Raises ValueError on an argument that is
+    none of these."""
+    out: dict[str, Any] = {}
+    for e in extra:
+        text = e.strip()
+        if text.startswith(("{", "@")):
+            try:
+                if text.startswith("@"):
+                    import yaml
+
+                    data = yaml.safe_load((REPO / text[1:]).read_text())
+                else:
+                    data = json.loads(text)
+            except (OSError, ValueError) as exc:
+                raise ValueError(f"-e {e}: not readable as variables ({exc})") from None
+            if not isinstance(data, dict):
+                raise ValueError(f"-e {e}: expected a mapping of variables")
+            out.update(data)
+            continue
+        for pair in shlex.split(text):
+            key, sep, value = pair.partition("=")
+            if not sep:
+                raise ValueError(f"-e {e}: expected key=value, a JSON object or @file")
+            out[key] = value
+    return out
+
+
+def train_overrides(extra: list[str]) -> dict[str, Any]:
+    """``ddp_job_train_overrides`` given with ``-e`` ({} when not given): the launch adds the seed
+    to it, keeping the keys given. Raises ValueError when it is not a mapping."""
+    value = extra_vars(extra).get("ddp_job_train_overrides") or {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            value = None
+    if not isinstance(value, dict):
+        raise ValueError(f"-e ddp_job_train_overrides={value!r}: expected a JSON object")
+    return value
+
+
+def invocation_config(engine: str, seed: int, extra: list[str]) -> tuple[dict[str, Any], set[str]]:
+    """The training configuration a run launched by this invocation with ``seed`` gets, resolved
+    like the training program does (:func:`ddplab.config.build_config`: defaults < preset <
+    run.json keys from ``-e`` < engine and seed), and the keys given explicitly. Raises
+    ValueError (ConfigError) on a bad ``-e`` value."""
+    from dataclasses import fields
+
+    from ddplab.config import TrainConfig
+
+    known = {f.name for f in fields(TrainConfig)}
+    ev = extra_vars(extra)
+    values: dict[str, Any] = {key: ev[var] for var, key in CONFIG_VARS.items() if ev.get(var) is not None}
+    values.update(
+        {
+            f"ft_{var[11:]}": v
+            for var, v in ev.items()
+            if var.startswith("ddp_job_ft_") and f"ft_{var[11:]}" in known
+        }
+    )
+    values.update(train_overrides(extra))
+    values.update(fault_tolerance=engine, seed=seed)
+    given = set(values)
+    if engine == "per_step":  # the playbook sets the lighthouse (the rendezvous host) when not given
+        values.setdefault("ft_lighthouse", "http://rendezvous-host:29510")
+    return build_config(values).to_dict(), given
+
+
+def parse_reuse(items: list[str], seed: int, noise_seeds: int) -> dict[str, str]:
+    """``--reuse`` items -> {label: run_id} with the labels of the schedule (``clean``,
+    ``faulted``, ``noise<k>`` for seed S+k). Raises ReuseError on a bad form, a seed that is not
+    one of S+1..S+K, or a role given twice."""
+    out: dict[str, str] = {}
+    for item in items:
+        parts = item.split("=")
+        if len(parts) == 2 and parts[0] in ("clean", "faulted") and parts[1]:
+            label, run_id = parts
+        elif len(parts) == 3 and parts[0] == "seed" and parts[1].lstrip("-").isdigit() and parts[2]:
+            k = int(parts[1]) - seed
+            if not 1 <= k <= noise_seeds:
+                raise ReuseError(
+                    f"--reuse {item}: seed {parts[1]} is not a noise seed of this invocation "
+                    f"({seed + 1}..{seed + noise_seeds}: --seed {seed}, --noise-seeds {noise_seeds})"
+                )
+            label, run_id = f"noise{k}", parts[2]
+        else:
+            raise ReuseError(f"--reuse {item}: expected {REUSE_FORMS}")
+        if label in out:
+            raise ReuseError(f"--reuse {item}: {label} is already reused as run {out[label]}")
+        out[label] = run_id
+    return out
+
+
+def check_reuse(a: argparse.Namespace, label: str, seed: int, run_id: str) -> None:
+    """Does the collected run ``run_id`` (in ``a.runs_dir``) match what this invocation would
+    train as ``label`` with ``seed``? Engine, number of nodes, outcome ``finished``, faults (the
+    faulted run has some, a clean or noise run none) and every field of :data:`TRAINING_FIELDS`
+    and of ``-e`` in the configuration its result.json recorded (run.json resolved the same way
+    when there is none). Read through :func:`ddplab.controller.rundir.load_run`. Raises
+    ReuseError naming the field and both values."""
+    where = f"--reuse {label} run {run_id}"
+    try:
+        run = load_run(a.runs_dir / run_id)
+        want, given = invocation_config(a.engine, seed, a.extra)
+    except (RunFolderError, ValueError) as exc:
+        raise ReuseError(f"{where}: {exc}") from None
+
+    def mismatch(field: str, got: Any, expected: Any) -> ReuseError:
+        return ReuseError(f"{where}: {field} is {got!r} in the run, this invocation trains {expected!r}")
+
+    recorded = next(
+        (r["config"] for _, r in sorted(run.results.items()) if isinstance(r.get("config"), dict)), None
+    )
+    if recorded is None and run.configs:
+        try:
+            recorded = build_config(next(iter(sorted(run.configs.items())))[1]).to_dict()
+        except ValueError as exc:
+            raise ReuseError(f"{where}: its run.json does not resolve ({exc})") from None
+    if recorded is None:
+        raise ReuseError(
+            f"{where}: no result.json or run.json in {a.runs_dir / run_id} (collected by collect.yml?)"
+        )
+    engine = run.summary.get("engine") or recorded.get("fault_tolerance", "torchelastic")
+    if engine != a.engine:
+        raise mismatch("engine", engine, a.engine)
+    hosts = run.summary.get("hosts") or run.hosts
+    if len(hosts) != a.nodes:
+        raise mismatch("nodes", len(hosts), a.nodes)
+    if run.summary.get("outcome") != "finished":
+        raise ReuseError(
+            f"{where}: outcome is {run.summary.get('outcome')!r} in the run, a reused run must be 'finished'"
+        )
+    for field in [*TRAINING_FIELDS, *sorted(given - set(TRAINING_FIELDS))]:
+        if recorded.get(field) != want.get(field):
+            raise mismatch(field, recorded.get(field), want.get(field))
+    injected = [f"{i.mode}@{i.node}" for i in faults.injections(run.events)]
+    if label == "faulted" and not injected:
+        raise ReuseError(f"{where}: faults are none in the run, the faulted run has the plan's ({a.plan})")
+    if label != "faulted" and injected:
+        raise ReuseError(f"{where}: faults are {', '.join(injected)} in the run, a {label} run has none")
+
+
+def earlier_figures(runs_dir: Path, run_id: str) -> dict[str, Any]:
+    """wall_s, load_start and load_end of ``run_id`` as an earlier fault_loss JSON in ``runs_dir``
+    (``bench-fault-loss-*.json``) recorded them when it trained the run; {} when none did."""
+    for path in sorted(runs_dir.glob("bench-fault-loss-*.json"), reverse=True):
+        try:
+            runs = json.loads(path.read_text()).get("runs") or []
+        except (OSError, ValueError, AttributeError):
+            continue
+        for r in runs:
+            if isinstance(r, dict) and r.get("run_id") == run_id and not r.get("reused"):
+                return {k: r[k] for k in ("wall_s", "load_start", "load_end") if k in r}
+    return {}
 
 
 def val_curve(run_dir: Path) -> dict[int, float]:
@@ -148,7 +346,7 @@ def one_run(a: argparse.Namespace, label: str, seed: int, plan: recovery.Plan) -
     extra = [*a.extra, f"ddp_job_fault_tolerance={a.engine}"]
     load_start = loadavg()
     t0 = time.monotonic()
-    overrides = json.dumps({"ddp_job_train_overrides": {"seed": seed}})
+    overrides = json.dumps({"ddp_job_train_overrides": {**train_overrides(a.extra), "seed": seed}})
     play(a.inventory, a.launch, [*extra, "ddp_job_watch=false", overrides], f"{label}: launch (seed {seed})")
     run_id = current_run(a.runs_dir)
     to_end = [*extra, f"run_id={run_id}", f"collect_run_id={run_id}"]
@@ -160,7 +358,14 @@ def one_run(a: argparse.Namespace, label: str, seed: int, plan: recovery.Plan) -
             play(a.inventory, "attach.yml", to_end, f"{label}: to the end after the plan failed")
             raise
     play(a.inventory, "attach.yml", to_end, f"{label}: to the end")
-    run = load_run(a.runs_dir / run_id)
+    took = {"wall_s": round(time.monotonic() - t0), "load_start": load_start, "load_end": loadavg()}
+    return run_entry(a.runs_dir, label, seed, run_id, took, bool(plan))
+
+
+def run_entry(runs_dir: Path, label: str, seed: int, run_id: str, took: dict, faulted: bool) -> dict:
+    """The figures of the collected run ``run_id`` (see :func:`one_run`), with ``took``'s
+    wall_s, load_start and load_end ("-" when missing); prints its one-line summary."""
+    run = load_run(runs_dir / run_id)
     out = {
         "label": label,
         "run_id": run_id,
@@ -170,20 +375,31 @@ def one_run(a: argparse.Namespace, label: str, seed: int, plan: recovery.Plan) -
         "final_train_loss": run.summary.get("final_train_loss"),
         "steps": run.summary.get("steps_completed"),
         "outcome": run.summary.get("outcome"),
-        "samples": samples_trained(a.runs_dir / run_id),
-        "wall_s": round(time.monotonic() - t0),
-        "load_start": load_start,
-        "load_end": loadavg(),
-        "curve": val_curve(a.runs_dir / run_id),
+        "samples": samples_trained(runs_dir / run_id),
+        "wall_s": took.get("wall_s", "-"),
+        "load_start": took.get("load_start", "-"),
+        "load_end": took.get("load_end", "-"),
+        "curve": val_curve(runs_dir / run_id),
     }
-    out["samples_curve"] = samples_curve(a.runs_dir / run_id, list(out["curve"]))
-    out["last_fault_step"] = last_fault_step(a.runs_dir / run_id) if plan else None
+    out["samples_curve"] = samples_curve(runs_dir / run_id, list(out["curve"]))
+    out["last_fault_step"] = last_fault_step(runs_dir / run_id) if faulted else None
     print(
         f"{label}: run {run_id} seed {seed}, {out['steps']} steps, val {out['final_val_loss']}, "
-        f"samples {_samples(out['samples'])}, {out['wall_s']} s, load {load_start} -> {out['load_end']}",
+        f"samples {_samples(out['samples'])}, {out['wall_s']} s, "
+        f"load {out['load_start']} -> {out['load_end']}",
         flush=True,
     )
     return out
+
+
+def reused_run(a: argparse.Namespace, label: str, seed: int, run_id: str) -> dict:
+    """The entry of a run reused from the runs folder (checked by :func:`check_reuse` before):
+    its figures read again, its wall time and load averages as the JSON that trained it recorded
+    them (:func:`earlier_figures`), ``reused`` true."""
+    entry = run_entry(
+        a.runs_dir, label, seed, run_id, earlier_figures(a.runs_dir, run_id), label == "faulted"
+    )
+    return {**entry, "reused": True}
 
 
 def remeasure(run: dict, runs_dir: Path) -> dict:
@@ -321,6 +537,9 @@ def table(runs: list[dict]) -> str:
             f"{_samples(r.get('samples')):>15} {share:>7} {r['wall_s']:>7}  "
             f"{r['load_start']} -> {r['load_end']}   {', '.join(r['faults']) or '-'}"
         )
+    reused = [f"{r['label']} ({r['run_id']})" for r in runs if r.get("reused")]
+    if reused:
+        lines.append(f"reused (trained before, wall s and load as recorded then): {', '.join(reused)}")
     for r in runs:
         if r.get("last_fault_step") and r.get("steps"):
             lines.append(
@@ -396,6 +615,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", type=Path, default=None, help="validation curves (PNG)")
     p.add_argument("-e", "--extra", action="append", default=[], help="extra var for every playbook")
     p.add_argument(
+        "--reuse",
+        action="append",
+        default=[],
+        metavar="ROLE=RUN_ID",
+        help=f"take a collected run from --runs-dir instead of training it ({REUSE_FORMS}; repeatable); "
+        "checked against this invocation before anything is launched",
+    )
+    p.add_argument(
         "--table",
         type=Path,
         default=None,
@@ -416,16 +643,28 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(exc))
     if a.noise_seeds < 1:
         p.error("--noise-seeds must be >= 1 (the band needs another seed)")
+    # faulted right after clean: when time or the lab runs out, the pair is there
+    schedule = [("clean", a.seed, []), ("faulted", a.seed, plan)]
+    schedule += [(f"noise{k}", a.seed + k, []) for k in range(1, a.noise_seeds + 1)]
+    try:
+        train_overrides(a.extra)
+        reuse = parse_reuse(a.reuse, a.seed, a.noise_seeds)
+        for label, seed, _ in schedule:
+            if label in reuse:
+                check_reuse(a, label, seed, reuse[label])
+    except ValueError as exc:  # ReuseError, or an -e the check cannot read
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = a.out or a.runs_dir / f"bench-fault-loss-{stamp}.json"
     png = a.plot or out.with_suffix(".png")
     runs: list[dict] = []
     try:
-        # faulted right after clean: when time or the lab runs out, the pair is there
-        schedule = [("clean", a.seed, []), ("faulted", a.seed, plan)]
-        schedule += [(f"noise{k}", a.seed + k, []) for k in range(1, a.noise_seeds + 1)]
         for label, seed, faults_of in schedule:
-            runs.append(one_run(a, label, seed, faults_of))
+            if label in reuse:
+                runs.append(reused_run(a, label, seed, reuse[label]))
+            else:
+                runs.append(one_run(a, label, seed, faults_of))
             out.write_text(json.dumps({"engine": a.engine, "plan": a.plan, "runs": runs}, indent=1) + "\n")
     except BenchError as exc:
         print(f"error: {exc}", file=sys.stderr)

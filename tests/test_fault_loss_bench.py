@@ -271,7 +271,7 @@ class FakeLab:
 
 def _main(monkeypatch, tmp_path, lab, *argv):
     runs = tmp_path / "runs"
-    runs.mkdir()
+    runs.mkdir(exist_ok=True)
     lab.runs = runs
     monkeypatch.setattr(fl.recovery.subprocess, "run", lab)
     monkeypatch.setattr(fl, "plot", lambda runs, path: None)
@@ -333,3 +333,152 @@ def test_bad_plan_is_refused_before_any_play(monkeypatch, capsys):
         fl.main(["--plan", "kill-agent@rank0,bogus@rank1"])
     assert exc.value.code == 2
     assert "expected <mode>@" in capsys.readouterr().err
+
+
+def _collected(runs, run_id, seed=1337, engine="per_step", faults=(), outcome="finished", **config):
+    """A run folder as collect.yml leaves it (tests/test_report's make_run: metrics of laptop-a/b/c)
+    with each host's result.json holding the resolved training configuration the training
+    program records, a summary of ``outcome``/``engine`` and ``faults`` (mode@node) in events.jsonl."""
+    from ddplab.config import build_config
+
+    run = make_run(runs, run_id)
+    values = {"max_steps": 350, **config, "seed": seed, "fault_tolerance": engine}
+    if engine == "per_step":
+        values["ft_lighthouse"] = "http://10.89.0.1:29510"
+    resolved = build_config(values).to_dict()
+    for host in ("laptop-a", "laptop-b", "laptop-c"):
+        (run / host / "result.json").write_text(json.dumps({"run_id": run_id, "config": resolved}))
+        (run / host / "run.json").write_text(json.dumps(values))
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "outcome": outcome, "engine": engine}))
+    events = [{"time": 1.0e9, "kind": "launch", "run_id": run_id}]
+    events += [
+        {"time": 1.0e9 + i, "kind": "fault", "mode": f.split("@")[0], "node": f.split("@")[1]}
+        for i, f in enumerate(faults, 1)
+    ]
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    return run
+
+
+def test_reused_runs_are_taken_from_the_runs_folder_and_only_the_missing_ones_trained(
+    monkeypatch, tmp_path, capsys
+):
+    runs = tmp_path / "runs"
+    _collected(runs, "old-clean")
+    _collected(runs, "old-noise", seed=1338)
+    # the earlier JSON that trained old-clean: its wall time and load are shown again
+    earlier = {"runs": [{**_run("clean", 1337, {}, 1.9), "run_id": "old-clean", "wall_s": 982}]}
+    (runs / "bench-fault-loss-s6.json").write_text(json.dumps(earlier))
+    lab = FakeLab(None)
+    code = _main(
+        monkeypatch, tmp_path, lab, "--plan", "kill-agent@rank0", "--noise-seeds", "2",
+        "-e", "ddp_job_max_steps=350", "--reuse", "clean=old-clean", "--reuse", "seed=1338=old-noise",
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0
+    assert [b for b, _ in lab.books].count("train.yml") == 2  # faulted and noise2 only
+    assert _row(out, "clean")[:3] == ["clean", "old-clean", "1337"] and _row(out, "clean")[8] == "982"
+    assert _row(out, "noise1")[:3] == ["noise1", "old-noise", "1338"]
+    assert _row(out, "faulted")[1] == "run-1" and _row(out, "noise2")[:3] == ["noise2", "run-2", "1339"]
+    assert "reused (trained before, wall s and load as recorded then): clean (old-clean), noise1" in out
+    saved = {r["label"]: r for r in json.loads((tmp_path / "b.json").read_text())["runs"]}
+    assert saved["clean"]["reused"] and saved["noise1"]["reused"] and "reused" not in saved["faulted"]
+    assert saved["clean"]["load_start"] == "3.0 2.0 1.0" and saved["noise1"]["load_start"] == "-"
+
+
+@pytest.mark.parametrize(
+    ("made", "argv", "message"),
+    [
+        ({"max_steps": 2400}, [], "max_steps is 2400 in the run, this invocation trains 350"),
+        ({"seed": 1340}, [], "seed is 1340 in the run, this invocation trains 1337"),
+        ({"preset": "tiny"}, [], "preset is 'tiny' in the run, this invocation trains 'small'"),
+        (
+            {"engine": "torchelastic"},
+            [],
+            "engine is 'torchelastic' in the run, this invocation trains 'per_step'",
+        ),
+        ({}, ["-e", "ddp_job_preset=tiny"], "preset is 'small' in the run, this invocation trains 'tiny'"),
+        (
+            {"eval_interval": 100},
+            ["-e", '{"ddp_job_train_overrides": {"eval_interval": 50}}'],
+            "eval_interval is 100 in the run, this invocation trains 50",
+        ),
+        (
+            {},
+            ["-e", "ddp_job_ft_min_replicas=2"],
+            "ft_min_replicas is 1 in the run, this invocation trains 2",
+        ),
+        ({}, ["--nodes", "5"], "nodes is 3 in the run, this invocation trains 5"),
+        ({"outcome": "stopped"}, [], "outcome is 'stopped' in the run, a reused run must be 'finished'"),
+        (
+            {"faults": ["kill-agent@laptop-a"]},
+            [],
+            "faults are kill-agent@laptop-a in the run, a clean run has none",
+        ),
+    ],
+)
+def test_a_reused_run_that_does_not_match_is_one_line_and_nothing_is_launched(
+    monkeypatch, tmp_path, capsys, made, argv, message
+):
+    _collected(tmp_path / "runs", "old", **made)
+    lab = FakeLab(None)
+    code = _main(monkeypatch, tmp_path, lab, "-e", "ddp_job_max_steps=350", "--reuse", "clean=old", *argv)
+    err = capsys.readouterr().err
+    assert code == 2 and lab.books == []
+    assert err.strip().splitlines() == [f"error: --reuse clean run old: {message}"]
+
+
+def test_a_reused_noise_or_faulted_run_is_checked_for_its_role(monkeypatch, tmp_path, capsys):
+    _collected(tmp_path / "runs", "f", faults=["freeze@laptop-a"])
+    _collected(tmp_path / "runs", "c")
+    lab = FakeLab(None)
+    assert _main(monkeypatch, tmp_path, lab, "--reuse", "seed=1338=f") == 2
+    assert (
+        "--reuse noise1 run f: seed is 1337 in the run, this invocation trains 1338"
+        in capsys.readouterr().err
+    )
+    assert _main(monkeypatch, tmp_path, lab, "--reuse", "faulted=c") == 2
+    assert "--reuse faulted run c: faults are none in the run" in capsys.readouterr().err
+    assert _main(monkeypatch, tmp_path, lab, "--reuse", "clean=missing") == 2
+    assert "--reuse clean run missing: " in capsys.readouterr().err
+    assert lab.books == []
+
+
+@pytest.mark.parametrize(
+    ("items", "message"),
+    [
+        (["noise=x"], "--reuse noise=x: expected clean=RUN_ID, faulted=RUN_ID or seed=N=RUN_ID"),
+        (["seed=1345=x"], "seed 1345 is not a noise seed of this invocation (1338..1340"),
+        (["clean=a", "clean=b"], "--reuse clean=b: clean is already reused as run a"),
+    ],
+)
+def test_a_malformed_reuse_is_refused_before_any_play(monkeypatch, tmp_path, capsys, items, message):
+    lab = FakeLab(None)
+    argv = [x for item in items for x in ("--reuse", item)]
+    assert _main(monkeypatch, tmp_path, lab, *argv) == 2
+    assert message in capsys.readouterr().err and lab.books == []
+
+
+def test_the_launch_keeps_the_train_overrides_given_with_e(monkeypatch, tmp_path):
+    """The seed of each run was passed as its own ddp_job_train_overrides, which replaced the one
+    given with -e (e.g. eval_interval) at every launch."""
+    lab = FakeLab(None)
+    seen = []
+
+    def record(args, **kw):
+        seen.append(args)
+        return lab(args, **kw)
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    lab.runs = runs
+    monkeypatch.setattr(fl.recovery.subprocess, "run", record)
+    monkeypatch.setattr(fl, "plot", lambda runs, path: None)
+    argv = ["--runs-dir", str(runs), "--out", str(tmp_path / "b.json"), "--plan", "kill-agent@rank0"]
+    assert (
+        fl.main([*argv, "--noise-seeds", "1", "-e", '{"ddp_job_train_overrides": {"eval_interval": 50}}'])
+        == 0
+    )
+    launches = [a for a in seen if Path(a[3]).name == "train.yml"]
+    last = [json.loads(v) for v in launches[-1][4:][1::2] if v.startswith("{")][-1]
+    assert last == {"ddp_job_train_overrides": {"eval_interval": 50, "seed": 1338}}
