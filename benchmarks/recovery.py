@@ -38,6 +38,7 @@ sys.path[:0] = [str(REPO / "train"), str(REPO / "benchmarks")]
 
 from benchcli import first_sentence  # noqa: E402  (benchmarks/benchcli.py)
 from ddplab import faults  # noqa: E402
+from ddplab.config import PRESETS  # noqa: E402
 from ddplab.controller.rundir import load_events, load_run  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -315,9 +316,15 @@ def table(runs: list[dict], engines: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=first_sentence(__doc__))
-    p.add_argument("-i", "--inventory", default="inventory/lab")
+    p.add_argument("-i", "--inventory", default="inventory/lab", help="the cluster (default: %(default)s)")
     p.add_argument("--engines", default=",".join(ENGINES), help="comma-separated, in table order")
-    p.add_argument("--plan", default="kill-agent@rank0,poweroff@rank0,freeze@rank0:30,partition@rank0:30")
+    p.add_argument(
+        "--plan",
+        default="kill-agent@rank0,poweroff@rank0,freeze@rank0:30,partition@rank0:30",
+        help=f"the faults of every run, in order: comma-separated <mode>@<target>[:<seconds>]; mode one of"
+        f" {', '.join(MODES)}; target rank<R> (the node holding global rank R at that moment) or an"
+        " inventory host; seconds: how long freeze, partition, throttle last (default: %(default)s)",
+    )
     p.add_argument("--repeat", type=int, default=1, help="runs per engine (the table shows the median)")
     p.add_argument(
         "--steps",
@@ -325,7 +332,12 @@ def main(argv: list[str] | None = None) -> int:
         default=100000,
         help="max_steps of a run: more than the plan needs (the run is stopped at the end)",
     )
-    p.add_argument("--preset", default="small")
+    p.add_argument(
+        "--preset",
+        default="small",
+        choices=tuple(PRESETS),
+        help="model and batch size of the runs (ddplab.config.PRESETS; ddp_job_preset; default: %(default)s)",
+    )
     p.add_argument(
         "--launch",
         default="playbooks/train.yml",

@@ -1,5 +1,6 @@
 """benchmarks/recovery.py's plan parsing and side-by-side table (the lab runs are a benchmark, not a test)."""
 
+import argparse
 import importlib.util
 
 import pytest
@@ -89,3 +90,23 @@ def test_inject_plan_names_the_fault_that_did_not_fit(monkeypatch, tmp_path):
         rb.PlanError, match=r"^fault 2/2 partition@laptop-b:15 of the plan did not complete in run r1"
     ):
         rb.inject_plan(a, [], "r1", rb.parse_plan("freeze@rank0:15,partition@laptop-b:15"))
+
+
+
+def test_every_option_has_help_and_help_names_the_plan_syntax_and_presets(capsys, monkeypatch):
+    """newcomer, 2026-12-01: ``--help`` said nothing of ``--plan`` or ``--preset`` (nor ``-i``)."""
+    with pytest.raises(SystemExit):
+        rb.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "<mode>@<target>[:<seconds>]" in text and "kill-agent, poweroff" in text, text
+    assert "{tiny,small,medium}" in text, text
+    seen = []  # the parser's options, caught before it parses
+
+    def catch(parser, *args, **kwargs):
+        seen.extend(parser._actions)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", catch)
+    with pytest.raises(SystemExit):
+        rb.main([])
+    assert seen and [a.dest for a in seen if not a.help] == [], text
