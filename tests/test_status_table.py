@@ -386,6 +386,25 @@ def test_attach_refuses_a_run_no_trainer_holds(tmp_path):
 
 
 @pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
+def test_status_refuses_a_run_no_trainer_holds(tmp_path):
+    """status.yml -e run_id=<a run no laptop has> while another run's job runs there (newcomer,
+    2026-12-01: a table headed "run nonsense" with every laptop "running -", exit 0): one line, as
+    attach.yml says it (tasks/held.yml), exit non-zero, no table."""
+    inv, env = _case(tmp_path, {"laptop-run": "running", "laptop-end": "ended"})
+    data = json.loads(inv.read_text())
+    del data["all"]["children"]["trainers"]["hosts"]["laptop-off"]
+    inv.write_text(json.dumps(data))
+    out = _play(inv, env, "status.yml", "run_id=nonsense")
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text
+    assert "no trainer holds run nonsense" in text and "fix: name a run of runs/" in text, text
+    assert "Show the cluster's state" not in text and not any(
+        line.startswith(" laptop-") for line in text.splitlines()), text
+    out = _play(inv, env, "status.yml", "run_id=20261130-190000-abcd")  # a run they hold: the table
+    assert out.returncode == 0 and "Show the cluster's state" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
 def test_attach_follows_the_job_then_collects_and_reports(tmp_path):
     """attach.yml on a job that ended meanwhile: the watch's last lines, then collect and report as
     site.yml does (the same task files: roles/ddp_job/tasks/watch.yml, playbooks/collect.yml,
