@@ -134,6 +134,29 @@ def test_render_is_one_table_with_the_store_line():
     assert table.store_line({}) == "rendezvous store: not read"
 
 
+@pytest.mark.parametrize("width", [160, 120])
+def test_render_keeps_every_reason_whole_and_every_row_on_one_line(width):
+    """newcomer, 2026-12-01: the table cut the unreachable reason ("ssh port 22 of 10.89.0.12 does
+    not"; the rest folded onto lines of their own, or was cut at 100 characters). A reason too long
+    for its cell is printed whole under the table, one line per node."""
+    probe = "ssh port 22 of 10.89.0.12 does not answer within 3 s: timed out"
+    long = "ChildFailedError: " + "worker 1 of laptop-c exited with signal SIGKILL; " * 3 + "end of reason"
+    running = watch_result("laptop-a", UNITS["running"], recs("laptop-a", 0, 120))
+    rows = [table.row_of("laptop-a", running),
+            table.row_of("laptop-b", {"state": "unreachable", "error": probe}),
+            table.row_of("laptop-c", {**running, "state": "failed", "progress": {**running["progress"],
+                                                                                  "failure": long}})]
+    text = table.render(rows, {}, "20261130-190000-abcd", width=width)
+    lines = text.splitlines()
+    if width == 160:  # the default (ddp_job_status_width): one line per node; narrower, cells fold
+        header = lines.index(next(line for line in lines if line.split()[:2] == ["node", "agent"]))
+        assert [line.split()[0] for line in lines[header + 2:header + 5]] == ["laptop-a", "laptop-b",
+                                                                              "laptop-c"], text
+        assert lines[header + 5].strip() == "", text
+    assert f"laptop-b: {probe}" in lines and f"laptop-c: {long}" in lines, text
+    assert "laptop-a: " not in text, text  # no failure, nothing below
+
+
 def test_render_shows_brackets_literally():
     """A survivor's gloo error starts with "[/path/pair.cc:553]": rich read it as a closing markup
     tag and status.yml failed ("closing tag ... doesn't match any open tag")."""

@@ -4,11 +4,12 @@ Runs on the controller, once. Takes what ``ddp_job_watch`` (``once: true``) read
 and the rendezvous store's ``python -m ddplab.controller.rdzv_store status`` document, prints one
 row per laptop (agent state, run id, step / max steps, train and val loss, world size, rank,
 tokens/s, restarts, seconds since the last step, last failure) under a heading that names the run
-and its recovery engine, then the store's line and (per_step engine, or when it runs) the torchft
-lighthouse's, and fails (one line) when a node is unreachable, its state could not be read, or its
-job failed. A node whose agent stop.yml stopped (it is named in the run's ``kind: stop`` event,
-the ``ddp_job_stop_event`` filter: the one home the watch and collect read too) reads ``stopped``,
-not failed, and is well.
+and its recovery engine (one line per node at the default width; a last failure too long for its
+cell is printed whole under the table, ``<node>: <reason>``), then the store's line and (per_step
+engine, or when it runs) the torchft lighthouse's, and fails (one line) when a node is unreachable,
+its state could not be read, or its job failed. A node whose agent stop.yml stopped (it is named
+in the run's ``kind: stop`` event, the ``ddp_job_stop_event`` filter: the one home the watch and
+collect read too) reads ``stopped``, not failed, and is well.
 
 Options: ``nodes`` (inventory name -> the registered ``ddp_job_watch`` result; a skipped or
 missing result means no run to look at), ``store`` (the store document, {} when not read),
@@ -85,7 +86,6 @@ def row_of(host: str, res: Mapping[str, Any] | None, stop: Mapping[str, Any] | N
         # 10.89.0.14 port 22: No route to host"): keep that part
         failure = str(res.get("error") or res.get("msg") or state).strip().splitlines()[0]
         failure = failure.rsplit("reached over ssh: ", 1)[-1]
-        failure = failure if len(failure) <= 100 else "..." + failure[-97:]
     total = p.get("max_steps") or "?"
     step = "-" if p.get("step") is None else f"{p['step']}/{total}"
     return {
@@ -100,7 +100,7 @@ def row_of(host: str, res: Mapping[str, Any] | None, stop: Mapping[str, Any] | N
         "tok/s": _f(p.get("tokens_per_s"), ",.0f"),
         "restarts": _f(p.get("restart_count"), "d"),
         "last step s": _f(p.get("step_age_s"), ".0f"),
-        "last failure": str(failure).splitlines()[0][:100] if failure else "",
+        "last failure": str(failure).strip().splitlines()[0] if str(failure).strip() else "",
         "engine": str(p.get("engine") or ""),
     }
 
@@ -146,21 +146,33 @@ def engine_of(rows: Sequence[Mapping[str, str]]) -> str:
 
 def render(rows: Sequence[Mapping[str, str]], store: Mapping[str, Any], run_id: str = "",
            width: int = 160, lighthouse: Mapping[str, Any] | None = None) -> str:
-    """The table (``rich``, plain text without colour codes) under a heading naming the run and its
-    engine, the store's line below it (per_step: only when a store runs) and the lighthouse's when
-    the engine is per_step or it runs."""
+    """The table (``rich``, plain text without colour codes; one line per node) under a heading
+    naming the run and its engine, then ``<node>: <last failure>`` whole for every node whose
+    failure was too long for its cell, the store's line below it (per_step: only when a store runs)
+    and the lighthouse's when the engine is per_step or it runs."""
     engine = engine_of(rows)
     title = (f"run {run_id}" if run_id else "no run") + (f" (engine {engine})" if engine else "")
     table = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left", pad_edge=False)
+    # one line per node where the width allows: the failure's cell gets what the other columns
+    # leave (3 characters between columns, 2 at the edges) and cuts; a cut failure is printed whole
+    # below the table
+    others = sum(max([len(c), *(len(str(r[c])) for r in rows)]) + 3 for c in COLUMNS[:-1])
     for c in COLUMNS:
+        last = c == "last failure"
         table.add_column(c, justify="right" if c in ("step", "loss", "val", "ws", "rank", "tok/s",
                                                      "restarts", "last step s") else "left",
-                         overflow="fold")
+                         overflow="ellipsis" if last else "fold", no_wrap=last,
+                         max_width=max(12, width - others - 2) if last else None)
     for r in rows:  # cells as Text: a failure line like "[/…/pair.cc:553] …" is not rich markup
         table.add_row(*(Text(str(r[c])) for c in COLUMNS))
     buf = io.StringIO()
     console = Console(file=buf, width=width, color_system=None, force_terminal=False, legacy_windows=False)
     console.print(table)
+    shown = buf.getvalue().splitlines()
+    for r in rows:  # the whole reason of each row whose cell cut it, one line each (not wrapped)
+        failure = r["last failure"]
+        if failure and not any(line.startswith(f" {r['node']} ") and failure in line for line in shown):
+            console.print(Text(f"{r['node']}: {failure}"), soft_wrap=True)
     if "per_step" not in engine or store.get("running"):  # per_step uses no controller store
         console.print(store_line(store), markup=False, highlight=False)
     if "per_step" in engine or (lighthouse or {}).get("running"):
