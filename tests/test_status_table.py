@@ -428,6 +428,29 @@ def test_status_refuses_a_run_no_trainer_holds(tmp_path):
 
 
 @pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
+def test_collect_refuses_a_run_no_trainer_nor_the_controller_holds(tmp_path):
+    """playbooks/collect.yml -e collect_run_id=<unknown> (newcomer, 2026-12-01: the summary
+    command's raw module error): one line naming the run, where it was looked for, the laptop not
+    reached and the fix; nothing written. A run the controller holds (collected before) is collected."""
+    inv, env = _case(tmp_path, {"laptop-end": "ended"})
+    runs = tmp_path / "runs"
+    out = _play(inv, env, "playbooks/collect.yml", "collect_run_id=20990101-000000-zzzz",
+                f"collect_runs_dir={runs}")
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text
+    line = next(x for x in text.splitlines() if "no trainer and not the controller holds run" in x)
+    assert "20990101-000000-zzzz" in line and "on laptop-end" in line and "not reached: laptop-off" in line, text
+    assert "fix: name a run of" in line and "-e collect_run_id=<run id>" in line, text
+    assert "Write summary.json" not in text and not (runs / "20990101-000000-zzzz").exists(), text
+
+    (runs / "20990101-000000-zzzz").mkdir()  # brought home earlier: its nodes may be gone since
+    out = _play(inv, env, "playbooks/collect.yml", "collect_run_id=20990101-000000-zzzz",
+                f"collect_runs_dir={runs}", "collect_report=false")
+    assert "no trainer and not the controller holds run" not in out.stdout + out.stderr
+    assert "Write summary.json" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
 def test_attach_follows_the_job_then_collects_and_reports(tmp_path):
     """attach.yml on a job that ended meanwhile: the watch's last lines, then collect and report as
     site.yml does (the same task files: roles/ddp_job/tasks/watch.yml, playbooks/collect.yml,
