@@ -77,6 +77,7 @@ def test_per_step_launch_is_one_replica_group_per_laptop(tmp_path: Path):
         "ft_quorum_timeout_s": 60.0,
         "ft_start_replicas": 2,  # the start barrier waits for every trainer (2 in this inventory)
         "ft_start_timeout_s": 120.0,
+        "ft_rejoin_wait_s": 60.0,
     }
 
 

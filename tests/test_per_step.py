@@ -21,6 +21,7 @@ def test_defaults_keep_torchelastic_and_the_contract_values():
     assert (cfg.ft_replica_id, cfg.ft_manager_port, cfg.ft_min_replicas) == (None, 29520, 1)
     assert (cfg.ft_timeout_s, cfg.ft_quorum_timeout_s) == (1.5, 60.0)
     assert (cfg.ft_start_replicas, cfg.ft_start_timeout_s) == (1, 60.0)
+    assert cfg.ft_rejoin_wait_s == 60.0
     cfg = build_config({**PER_STEP, "ft_replica_id": "laptop-a", "ft_timeout_s": 3})
     assert cfg.fault_tolerance == "per_step" and cfg.ft_timeout_s == 3.0
 
@@ -40,6 +41,7 @@ def test_defaults_keep_torchelastic_and_the_contract_values():
     ({**PER_STEP, "ft_quorum_timeout_s": -1}, "'ft_quorum_timeout_s' = -1.0: must be a number > 0"),
     ({**PER_STEP, "ft_start_replicas": 0}, "'ft_start_replicas' = 0: must be a positive integer"),
     ({**PER_STEP, "ft_start_timeout_s": 0}, "'ft_start_timeout_s' = 0.0: must be a number > 0"),
+    ({**PER_STEP, "ft_rejoin_wait_s": 0}, "'ft_rejoin_wait_s' = 0.0: must be a number > 0"),
     ({**PER_STEP, "ft_replica_id": "laptop a"}, "'ft_replica_id' = 'laptop a': must be a non-empty name"),
     ({**PER_STEP, "ft_replica_id": "a:b"}, "without spaces or ':'"),
     ({**PER_STEP, "ft_lighthouses": "http://x:1"}, "unknown config key(s) in config file: ft_lighthouses"),
@@ -161,3 +163,69 @@ def test_a_signal_whose_exception_was_swallowed_still_stops_the_per_step_loop():
             guard.check()
     finally:
         guard.uninstall()
+
+
+class FakeManager:
+    """The Manager's quorum id only (what Replica.follow_quorum and rejoined read)."""
+
+    def __init__(self) -> None:
+        self._quorum_id = -1
+
+
+def replica_at(group_quorum_id: int | None):
+    """A ddplab.ft.Replica without a lighthouse: the quorum bookkeeping of its __init__ only."""
+    from ddplab.ft import Replica
+
+    replica = Replica.__new__(Replica)
+    replica.group_quorum_id, replica.cut_off, replica.manager = group_quorum_id, None, FakeManager()
+    return replica
+
+
+def quorum(replica, quorum_id: int) -> None:
+    replica.manager._quorum_id = quorum_id
+    replica.follow_quorum(quorum_id)
+
+
+def test_a_quorum_id_that_skips_ids_marks_the_replica_cut_off_until_it_rejoins():
+    replica = replica_at(None)  # a first start: any first quorum, then each id follows on
+    for quorum_id in (7, 8, 8, 9):
+        quorum(replica, quorum_id)
+        assert replica.cut_off is None and replica.group_quorum_id == quorum_id
+    quorum(replica, 12)  # the lighthouse formed 10 and 11 without this replica
+    cut = replica.cut_off
+    assert (cut.last_quorum_id, cut.quorum_id) == (9, 12) and replica.group_quorum_id == 9
+    quorum(replica, 13)  # its own lone quorums follow on: still cut off, from the same gap
+    assert replica.cut_off is cut and replica.group_quorum_id == 9
+    replica.rejoined()  # a step committed with a peer of the group
+    assert replica.cut_off is None and replica.group_quorum_id == 13
+    quorum(replica, 14)
+    assert replica.cut_off is None and replica.group_quorum_id == 14
+
+
+@pytest.mark.parametrize(("kept", "first", "cut_off"), [
+    (None, 40, False),  # no quorum kept: a first start trains (alone too: min_replicas 1)
+    (9, 10, False),  # the next quorum: it was in the last one (its peers were killed)
+    (9, 9, False),  # the same quorum (no change since)
+    (9, 1, False),  # ids started again: a new lighthouse, a restart of the whole job
+    (9, 11, True),  # quorum 10 went on without it (a restarted worker whose group went on)
+])
+def test_a_restarted_worker_compares_its_first_quorum_with_the_kept_one(kept, first, cut_off):
+    replica = replica_at(kept)
+    quorum(replica, first)
+    assert (replica.cut_off is not None) == cut_off
+    assert replica.group_quorum_id == (kept if cut_off else first)
+
+
+def test_the_group_quorum_id_is_read_from_its_file_else_the_checkpoint(tmp_path):
+    from ddplab.config import build_config
+    from ddplab.distributed import DistEnv
+    from ddplab.train import GROUP_QUORUM_FILE, Trainer
+
+    trainer = Trainer(build_config({**PER_STEP, "out_dir": str(tmp_path)}), DistEnv.from_environ())
+    assert trainer.read_group_quorum_id() is None
+    trainer.checkpoint_quorum_id = 5
+    assert trainer.read_group_quorum_id() == 5
+    (tmp_path / GROUP_QUORUM_FILE).write_text('{"quorum_id": 8, "step": 120}\n')
+    assert trainer.read_group_quorum_id() == 8  # kept at every change: newer than a checkpoint
+    (tmp_path / GROUP_QUORUM_FILE).write_text("{")  # torn or foreign: the checkpoint's
+    assert trainer.read_group_quorum_id() == 5

@@ -123,6 +123,9 @@ class TrainConfig:
     # ft_start_timeout_s from a replica's start (then it goes on with those present)
     ft_start_replicas: int = 1
     ft_start_timeout_s: float = 60.0
+    # a replica cut off from the group (the lighthouse formed quorums without it) that finds no
+    # peer of the group waits this long for one to heal from, then stops (it never trains alone)
+    ft_rejoin_wait_s: float = 60.0
 
     def validate(self) -> TrainConfig:
         """Check every field; return ``self``.
@@ -207,7 +210,7 @@ class TrainConfig:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise bad(key, "must be a positive integer (> 0)")
-        for key in ("ft_timeout_s", "ft_quorum_timeout_s", "ft_start_timeout_s"):
+        for key in ("ft_timeout_s", "ft_quorum_timeout_s", "ft_start_timeout_s", "ft_rejoin_wait_s"):
             value = getattr(self, key)
             if not _is_real(value) or value <= 0:
                 raise bad(key, "must be a number > 0")

@@ -59,6 +59,29 @@ class FaultToleranceError(ValueError):
     """The per_step engine cannot start with this environment (one line naming the fix)."""
 
 
+@dataclass(frozen=True)
+class CutOff:
+    """This replica was cut off from the group: the lighthouse formed quorums without it.
+
+    ``last_quorum_id`` is the last quorum it took part in with the group, ``quorum_id`` the first
+    one it was given after the gap (ids ``last_quorum_id + 1 .. quorum_id - 1`` went on without
+    it), ``since`` the ``time.monotonic()`` of that quorum.
+    """
+
+    last_quorum_id: int
+    quorum_id: int
+    since: float
+
+
+class CutOffError(RuntimeError):
+    """A replica cut off from the group found no peer of the group within ``ft_rejoin_wait_s``
+    (one message naming the quorums it missed and the fix)."""
+
+    def __init__(self, message: str, cut_off: CutOff) -> None:
+        super().__init__(message)
+        self.cut_off = cut_off
+
+
 class BoundProcessGroupGloo(ProcessGroupGloo):
     """torchft's reconfigurable gloo group whose device listens on one address only.
 
@@ -140,6 +163,8 @@ class Replica:
         state_dict: returns the whole training state a joining replica needs.
         load_state_dict: applies a state received from a live peer.
         step: the committed step this replica starts from (its checkpoint's, else 0).
+        group_quorum_id: the last quorum this replica took part in with the group before this
+            process started (kept on disk by the trainer), None for a first start.
 
     Raises:
         FaultToleranceError: see :func:`endpoint`.
@@ -148,8 +173,11 @@ class Replica:
 
     def __init__(self, cfg: Any, optimizer: torch.optim.Optimizer,
                  state_dict: Callable[[], dict[str, Any]],
-                 load_state_dict: Callable[[dict[str, Any]], None], step: int = 0) -> None:
+                 load_state_dict: Callable[[dict[str, Any]], None], step: int = 0,
+                 group_quorum_id: int | None = None) -> None:
         where = endpoint()
+        self.group_quorum_id = group_quorum_id
+        self.cut_off: CutOff | None = None
         self.replica_id = cfg.ft_replica_id or socket.gethostname()
         self.addr = where.addr
         timeout = timedelta(seconds=cfg.ft_timeout_s)
@@ -197,12 +225,40 @@ class Replica:
         """Join the quorum of the next step; a replica behind its peers is healed here.
 
         Returns ``(participant rank, participants)``: this replica's rank among the quorum's
-        participants and their number. Zeroes the gradients (``optimizer.zero_grad``).
+        participants and their number. Zeroes the gradients (``optimizer.zero_grad``). Sets
+        :attr:`cut_off` when the quorum's id skips ids since the last quorum this replica took
+        part in with the group (:meth:`follow_quorum`).
         """
         self.optimizer.zero_grad(set_to_none=True)
         participants = self.manager.num_participants()
         rank = self.manager.participating_rank()
+        self.follow_quorum(self.quorum_id)
         return (0 if rank is None else rank), max(1, participants)
+
+    def follow_quorum(self, quorum_id: int) -> None:
+        """Track the quorums this replica takes part in with the group.
+
+        The lighthouse bumps the quorum id each time it forms a quorum whose members changed (or
+        after a failed commit), and a replica is in every quorum formed while its request is
+        pending: an id more than one above :attr:`group_quorum_id` means quorums were formed
+        without this replica, so the group may have committed steps it does not hold. It is then
+        :attr:`cut_off` (kept until :meth:`rejoined`), and :attr:`group_quorum_id` stays the last
+        quorum before the gap. An id not above it is a new lighthouse (ids start again at 1: a
+        restart of the whole job) or the same quorum: followed on.
+        """
+        last = self.group_quorum_id
+        if self.cut_off is not None:
+            return
+        if last is not None and quorum_id > last + 1:
+            self.cut_off = CutOff(last, quorum_id, time.monotonic())
+        else:
+            self.group_quorum_id = quorum_id
+
+    def rejoined(self) -> None:
+        """A step was committed with a participant that was not cut off (whose state this
+        replica now holds, healed by torchft when it was behind): it belongs to the group again."""
+        self.cut_off = None
+        self.group_quorum_id = self.quorum_id
 
     def average_gradients(self, params: Iterable[torch.nn.Parameter]) -> float:
         """Average the gradients of ``params`` over the participants in one all-reduce; return

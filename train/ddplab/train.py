@@ -80,6 +80,11 @@ from ddplab.records import read_jsonl
 
 CHECKPOINT_FORMAT = 1
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+#: per_step: the last quorum the replica took part in with the group, kept beside the checkpoints
+#: (ddplab.ft.Replica.follow_quorum), so that a restarted worker can tell it was cut off.
+GROUP_QUORUM_FILE = "ft-group-quorum.json"
+#: per_step: why no participant commits a step (Trainer.per_step_divergence_guard).
+HELD_BY_START_BARRIER, ALL_CUT_OFF = "held by the start barrier", "every participant cut off"
 #: per_step: pause between two quorums while fewer than ft_min_replicas replicas participate.
 MIN_REPLICAS_POLL_S = 0.5
 #: per_step: most rounds (each ended by a sum over the participants) of an evaluation.
@@ -199,6 +204,12 @@ class Trainer:
         # per_step: the first commit of this session waits for ft_start_replicas (start barrier)
         self.session_commits = 0
         self.start_wait_began: float | None = None  # first attempt held back by the barrier
+        # per_step: the group quorum id of the checkpoint resumed from, and the one last kept on
+        # disk (GROUP_QUORUM_FILE); a cut-off replica's wait for a peer has been announced
+        self.checkpoint_quorum_id: int | None = None
+        self.kept_quorum_id: int | None = None
+        self.announced_cut_off = False
+        self.waited_for_quorum_id: int | None = None  # see previous_cut_off
 
     # --- setup: everything that can reject bad input runs before anything is written ---------
     def validate_inputs(self, check_only: bool = False) -> None:
@@ -272,6 +283,7 @@ class Trainer:
         )
         if state is not None:
             self.apply_state(state)
+            self.checkpoint_quorum_id = state.get("ft_group_quorum_id")  # per_step, else absent
             if env.local_rank == 0 and not agreement.local_has_it:
                 # this node rejoined without that checkpoint: keep a local copy right away
                 with self.guard.critical():
@@ -465,7 +477,8 @@ class Trainer:
         if not self.per_step:
             return {}
         return {"rng": {"scheme": "stateless", "seed": self.cfg.seed, "torch": torch.get_rng_state()},
-                "ft_manager": self.replica.state() if self.replica else {"step": self.step}}
+                "ft_manager": self.replica.state() if self.replica else {"step": self.step},
+                "ft_group_quorum_id": self.replica.group_quorum_id if self.replica else None}
 
     def load_peer_state(self, state: dict[str, Any]) -> None:
         """per_step: apply the state a live peer sent when this replica joined or fell behind.
@@ -488,12 +501,93 @@ class Trainer:
         from ddplab import ft
 
         cfg = self.cfg
+        self.kept_quorum_id = self.read_group_quorum_id()
+        self.waited_for_quorum_id = self.previous_cut_off()
         self.replica = ft.Replica(cfg, self.optimizer, lambda: self.state_dict("transfer"),
-                                  self.load_peer_state, step=self.step)
-        return {"replica_id": self.replica.replica_id, "ft_addr": self.replica.addr,
+                                  self.load_peer_state, step=self.step,
+                                  group_quorum_id=self.kept_quorum_id)
+        return {"ft_group_quorum_id": self.kept_quorum_id, "ft_rejoin_wait_s": cfg.ft_rejoin_wait_s,
+                "replica_id": self.replica.replica_id, "ft_addr": self.replica.addr,
                 "ft_manager_port": cfg.ft_manager_port, "ft_store_port": self.replica.store_port,
                 "ft_lighthouse": cfg.ft_lighthouse, "ft_start_replicas": cfg.ft_start_replicas,
                 "ft_start_timeout_s": cfg.ft_start_timeout_s, "ft_timeout_s": cfg.ft_timeout_s}
+
+    def read_group_quorum_id(self) -> int | None:
+        """per_step: the last quorum this replica took part in with the group before this worker
+        started: GROUP_QUORUM_FILE (kept at every change, so a worker restarted by torchrun or
+        by the node knows it even without a newer checkpoint), else the resumed checkpoint's;
+        None for a first start (or an unreadable file: nothing to tell, nothing refused)."""
+        try:
+            kept = json.loads((self.out / GROUP_QUORUM_FILE).read_text()).get("quorum_id")
+        except (OSError, ValueError, AttributeError):
+            kept = None
+        kept = kept if isinstance(kept, int) else self.checkpoint_quorum_id
+        return kept if isinstance(kept, int) else None
+
+    def previous_cut_off(self) -> int | None:
+        """per_step: when the attempt before this torchrun restart stopped cut off (its
+        ``failure`` record, cause ``cut_off``), the last group quorum id it waited from, else
+        None. It waited ``ft_rejoin_wait_s`` already: cut off from the same quorum, this attempt
+        stops at once (``--max-restarts`` attempts would each wait again)."""
+        env = self.env
+        if env.restart_count == 0 or not self.metrics.path.exists():
+            return None
+        failures = [r for r in read_jsonl(self.metrics.path)[0] if r.get("event") == "failure"]
+        last = failures[-1] if failures else {}
+        if last.get("cause") == "cut_off" and last.get("restart_count") == env.restart_count - 1:
+            quorum_id = last.get("last_group_quorum_id")
+            return quorum_id if isinstance(quorum_id, int) else None
+        return None
+
+    def keep_group_quorum_id(self) -> None:
+        """per_step: write the replica's group quorum id to GROUP_QUORUM_FILE when it changed
+        (a quorum change or a failed commit: rare but for the waits, at most one per 0.5 s)."""
+        quorum_id = self.replica.group_quorum_id
+        if quorum_id is None or quorum_id == self.kept_quorum_id:
+            return
+        _atomic_write_text(self.out / GROUP_QUORUM_FILE, json.dumps(
+            {"quorum_id": quorum_id, "replica_id": self.replica.replica_id, "step": self.step,
+             "lighthouse": self.cfg.ft_lighthouse, "time": round(time.time(), 3)}) + "\n")
+        self.kept_quorum_id = quorum_id
+
+    def wait_for_the_group(self, participants: int) -> None:
+        """per_step: this replica was cut off (ddplab.ft.Replica.follow_quorum) and no
+        participant of this quorum took part in the group's quorums since: its state may be
+        behind steps the group committed, so it commits nothing, alone or with others cut off
+        like it. It votes against the step and waits for a peer of the group to heal from, at
+        most ``ft_rejoin_wait_s`` from the quorum that showed the gap (not again after a torchrun
+        restart that followed such a wait: :meth:`previous_cut_off`).
+
+        Raises:
+            ddplab.ft.CutOffError: the wait is over (the group finished or is gone).
+        """
+        from ddplab import ft
+
+        cfg, cut = self.cfg, self.replica.cut_off
+        waited = time.monotonic() - cut.since
+        who = "alone" if participants == 1 else f"with {participants - 1} other cut-off replica(s)"
+        again = self.waited_for_quorum_id == cut.last_quorum_id  # the attempt before waited
+        if again or waited >= cfg.ft_rejoin_wait_s:
+            missed = (f"quorum {cut.last_quorum_id + 1}" if cut.quorum_id - cut.last_quorum_id == 2
+                      else f"quorums {cut.last_quorum_id + 1}-{cut.quorum_id - 1}")
+            raise ft.CutOffError(
+                f"replica {self.replica.replica_id} was cut off from quorum {cut.last_quorum_id} to "
+                f"quorum {cut.quorum_id}: the group went on without it ({missed}) and no peer of "
+                f"the group came back within ft_rejoin_wait_s {cfg.ft_rejoin_wait_s:g} s"
+                f"{' (waited by the attempt before this restart)' if again else ''}; nothing "
+                f"trained alone, its state of step {self.step} and its checkpoints are kept. Fix: "
+                "if the group finished, its result is the run's (this node's is not); else start "
+                "the group "
+                "again (this replica heals from a peer ahead), or raise ft_rejoin_wait_s "
+                "(playbook: ddp_job_ft_rejoin_wait_s)", cut)
+        if not self.announced_cut_off:
+            self.announced_cut_off = True
+            print(f"[ddplab] step {self.step + 1}: replica {self.replica.replica_id} was cut off "
+                  f"from quorum {cut.last_quorum_id} to quorum {cut.quorum_id} and is {who}: it "
+                  f"trains nothing until a peer of the group is back (at most ft_rejoin_wait_s "
+                  f"{cfg.ft_rejoin_wait_s:g} s)", flush=True)
+        self.replica.abstain("cut off from the group: waiting for a peer of the group")
+        time.sleep(MIN_REPLICAS_POLL_S)
 
     def save_checkpoint(self, reason: str) -> None:
         with self.guard.critical():
@@ -579,6 +673,10 @@ class Trainer:
         if replica.step != self.step:
             raise RuntimeError(f"torchft is at step {replica.step}, the training state at step "
                                f"{self.step}: the state transfer did not apply")
+        self.keep_group_quorum_id()
+        if replica.cut_off is not None and participants == 1:  # no peer of the group to heal from
+            self.wait_for_the_group(participants)
+            return False
         if participants < cfg.ft_min_replicas:
             # every participant sees the same count: none computes and the vote fails for all
             replica.commit()
@@ -620,8 +718,11 @@ class Trainer:
         mean_loss = self.per_step_divergence_guard(loss_sum, grad_norm, global_batch, participants)
         allreduce_s += time.perf_counter() - t_guard
         self.guard.check()
-        if mean_loss is None:  # held back by the start barrier: no participant commits
+        if mean_loss == HELD_BY_START_BARRIER:  # no participant commits
             self.held_by_start_barrier(participants)
+            return False
+        if mean_loss == ALL_CUT_OFF:  # every participant was cut off: none commits
+            self.wait_for_the_group(participants)
             return False
         previous = self.participants
         with self.guard.critical():
@@ -639,6 +740,9 @@ class Trainer:
                 self.first_global_batch = self.first_global_batch or global_batch
                 self.participants = participants
                 self.record_participants(participants, replica.quorum_id)
+                if replica.cut_off is not None:  # committed with a peer of the group
+                    replica.rejoined()
+                    self.announced_cut_off = False
             self.consistent = True
             step_s = time.perf_counter() - t0 - eval_s  # the evaluation has its own record
             step = self.step if committed else self.step + 1
@@ -674,23 +778,26 @@ class Trainer:
         })
 
     def per_step_divergence_guard(self, loss_sum: float, grad_norm: float, global_batch: int,
-                                  participants: int) -> float | None:
-        """per_step's divergence guard and start barrier, in one sum over the participants of
-        [loss sum, "gradient norm not finite", "ready to go"]. Returns the global batch's mean
-        loss (NaN when the sum failed: the step will not commit, nothing is decided on it), or
-        None when the start barrier holds the step back (:meth:`ready_to_start`: every
-        participant sees the same sum, so none commits).
+                                  participants: int) -> float | str:
+        """per_step's divergence guard, start barrier and cut-off check, in one sum over the
+        participants of [loss sum, "gradient norm not finite", "ready to go", "cut off"].
+        Returns the global batch's mean loss (NaN when the sum failed: the step will not commit,
+        nothing is decided on it), or why no participant commits (every participant sees the
+        same sum): HELD_BY_START_BARRIER (:meth:`ready_to_start`) or ALL_CUT_OFF (no
+        participant took part in the group's last quorums: :meth:`wait_for_the_group`).
 
         Raises:
             Diverged: the step must not be applied (every participant sees the same sums).
         """
         ready = self.ready_to_start(participants)
-        both = torch.tensor([loss_sum, 0.0 if math.isfinite(grad_norm) else 1.0, float(ready)],
-                            dtype=torch.float64)
+        both = torch.tensor([loss_sum, 0.0 if math.isfinite(grad_norm) else 1.0, float(ready),
+                             float(self.replica.cut_off is not None)], dtype=torch.float64)
         if not self.replica.sum(both):
             return float("nan")
         if both[2] == 0:
-            return None
+            return HELD_BY_START_BARRIER
+        if both[3] == participants:
+            return ALL_CUT_OFF
         mean_loss, any_bad = float(both[0]) / global_batch, bool(both[1] > 0)
         return self.check_divergence(mean_loss, any_bad, grad_norm)
 
@@ -1000,12 +1107,17 @@ class Trainer:
             code, cause = EXIT_DIVERGED, "divergence"
         elif isinstance(exc, OutputError | CheckpointError):
             code, cause = EXIT_BAD_INPUT, "output"
+        elif isinstance(exc, getattr(sys.modules.get("ddplab.ft"), "CutOffError", ())):  # per_step
+            code, cause = EXIT_FAILED, "cut_off"
         else:
             code, cause = EXIT_FAILED, "error"
         saved = self.emergency_save(exc)
         extra = ({"loss": exc.loss, "grad_norm": exc.grad_norm, "failed_step": exc.step,
                   "resumed_from_step": getattr(self, "resumed_from", None),
                   "config_sha256": self.config_sha256()} if isinstance(exc, Diverged) else {})
+        if cause == "cut_off":
+            extra = {"last_group_quorum_id": exc.cut_off.last_quorum_id,
+                     "quorum_id": exc.cut_off.quorum_id, "rejoin_wait_s": self.cfg.ft_rejoin_wait_s}
         if self.metrics:
             with contextlib.suppress(OutputError):
                 self.metrics.write("failure", step=self.step, error=f"{type(exc).__name__}: {exc}",

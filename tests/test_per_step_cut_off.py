@@ -1,0 +1,83 @@
+"""per_step engine: a replica cut off from the group never trains on alone (issue 13, found on the
+lab in run 20261201-034545-afba: laptop-a, partitioned at step 2042 until laptop-b and laptop-c had
+finished step 2400 and exited, then trained steps 2042-2400 alone on samples the group had already
+trained, and summary.json reported its validation loss).
+
+Local replica groups as in tests/test_per_step_e2e.py (agent + lighthouse processes). One replica's
+worker is frozen (SIGSTOP: no heartbeat, no collective, as under a partition) until its peer has
+trained to the end and exited, then thawed. The lighthouse gives the thawed replica a quorum of one
+whose id skips the quorums the peer formed without it:
+
+* the peer, left alone while it was IN the last quorum (its own ids follow on), trains on to the
+  end at 1 participant (per_step's whole point);
+* the thawed replica does not commit a single step more: it waits ``ft_rejoin_wait_s`` for a peer
+  to heal from, then ends with a ``failure`` record (cause ``cut_off``) naming the quorums it missed,
+  its checkpoints kept; the worker torchrun restarts (``--max-restarts 1``) reads the last group
+  quorum it took part in from beside the checkpoints, is cut off too and stops at once (it does not
+  wait again), exit 1; no step and no sample is committed twice across the replicas.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import test_per_step_e2e as e2e
+from test_per_step_e2e import Replica, assert_samples_distinct, wait_until, worker_pid
+
+lighthouse = e2e.lighthouse  # the fixture: a lighthouse process on a free port
+
+pytestmark = pytest.mark.slow
+
+WAIT_S = 8  # ft_rejoin_wait_s
+
+
+def test_a_replica_cut_off_until_the_group_finished_does_not_train_on_alone(
+        tmp_path, data_path, lighthouse):
+    reps = [Replica(tmp_path, f"node{i}", lighthouse, data_path, max_steps=80, eval_interval=20,
+                    ckpt_interval=20, ft_start_replicas=2, ft_rejoin_wait_s=WAIT_S, max_restarts=i)
+            for i in range(2)]
+    for rep in reps:
+        rep.start()
+    peer, victim = reps
+    t_two = wait_until("2 participants", lambda: e2e.first_at(reps, 2, 0.0), reps, 90)
+    wait_until("25 steps at 2", lambda: len(victim.committed(t_two)) >= 25, reps, 60)
+    frozen = time.time()
+    os.kill(worker_pid(victim), signal.SIGSTOP)
+    assert peer.wait(120) == 0, peer.output()  # alone from the freeze on, to the end
+    last_with_peer = max(r["step"] for r in victim.committed())
+    thawed = time.time()
+    os.kill(worker_pid(victim), signal.SIGCONT)
+    code = victim.wait(60)
+    left_s = time.time() - thawed
+    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    print(f"\nper_step cut-off replica: thawed -> exit {code} in {left_s:.1f} s with "
+          f"ft_rejoin_wait_s {WAIT_S}, one torchrun restart (load {load})")
+
+    # the peer: in every quorum, alone after the freeze, to the end, each step once
+    assert [r["step"] for r in peer.committed()] == list(range(1, 81))
+    assert {r["participants"] for r in peer.committed(frozen + 1)} == {1}
+    # the thawed replica: nothing committed after the freeze, a clear failure, checkpoint kept
+    after = [r["step"] for r in victim.committed(thawed)]
+    assert not after, f"the cut-off replica trained on alone: steps {after[0]}-{after[-1]}"
+    assert code == 1, victim.output()
+    failure = [r for r in victim.records() if r["event"] == "failure"]
+    assert [r["cause"] for r in failure] == ["cut_off", "cut_off"], failure
+    assert [r["restart_count"] for r in failure] == [0, 1], failure
+    assert failure[0]["step"] == last_with_peer, failure
+    error = failure[0]["error"]
+    assert "node1 was cut off" in error and "nothing trained alone" in error, error
+    assert failure[0]["last_group_quorum_id"] < failure[0]["quorum_id"] - 1, failure
+    # the restarted worker: the same last group quorum (kept beside the checkpoints), no new wait
+    starts = [r for r in victim.records() if r["event"] == "start"]
+    assert starts[1]["ft_group_quorum_id"] == failure[0]["last_group_quorum_id"], starts
+    assert failure[1]["last_group_quorum_id"] == failure[0]["last_group_quorum_id"], failure
+    assert "waited by the attempt before this restart" in failure[1]["error"]
+    assert failure[1]["time"] - starts[1]["time"] < WAIT_S, (starts[1], failure[1])
+    assert "nothing trained alone" in victim.output(tail=0)
+    assert (victim.out / "checkpoints" / "ckpt-00000020.pt").exists()
+    assert not (victim.out / "result.json").exists()  # no "final" model of its own
+    assert assert_samples_distinct(reps) == 80  # no step, no sample committed twice
