@@ -19,6 +19,7 @@ whose id skips the quorums the peer formed without it:
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -81,3 +82,40 @@ def test_a_replica_cut_off_until_the_group_finished_does_not_train_on_alone(
     assert (victim.out / "checkpoints" / "ckpt-00000020.pt").exists()
     assert not (victim.out / "result.json").exists()  # no "final" model of its own
     assert assert_samples_distinct(reps) == 80  # no step, no sample committed twice
+
+
+def test_a_cut_off_replica_whose_group_is_still_there_is_healed_and_trains_on(
+        tmp_path, data_path, lighthouse):
+    # the same freeze, thawed while the peer still trains: the quorum skips ids for the thawed
+    # replica too, but its peer took part in them, so the step commits and it belongs again
+    reps = [Replica(tmp_path, f"node{i}", lighthouse, data_path, max_steps=100000, eval_interval=50,
+                    ckpt_interval=100000, ft_start_replicas=2, ft_rejoin_wait_s=WAIT_S)
+            for i in range(2)]
+    for rep in reps:
+        rep.start()
+    peer, victim = reps
+    t_two = wait_until("2 participants", lambda: e2e.first_at(reps, 2, 0.0), reps, 90)
+    wait_until("10 steps at 2", lambda: len(victim.committed(t_two)) >= 10, reps, 60)
+    frozen = time.time()
+    os.kill(worker_pid(victim), signal.SIGSTOP)
+    wait_until("the peer alone", lambda: e2e.first_at([peer], 1, frozen), reps, 60)
+    thawed = time.time()
+    os.kill(worker_pid(victim), signal.SIGCONT)
+    back = wait_until("2 participants after the thaw", lambda: e2e.first_at(reps, 2, thawed), reps, 60)
+    wait_until("10 more steps", lambda: len(victim.committed(back)) >= 10, reps, 60)
+    for rep in reps:
+        rep.signal(signal.SIGTERM)
+    for rep in reps:
+        rep.wait(30)
+    print(f"\nper_step cut-off replica, group still there: thaw -> 2 participants "
+          f"{back - thawed:.2f} s (load {' '.join(Path('/proc/loadavg').read_text().split()[:3])})")
+
+    before = [r for r in victim.committed() if r["time"] < frozen]
+    after = victim.committed(thawed)
+    assert after[0]["participants"] == 2 and after[0]["quorum_id"] > before[-1]["quorum_id"] + 1
+    assert "was cut off" not in victim.output(tail=0)  # never waited: a peer of the group was there
+    kept = json.loads((victim.out / "ft-group-quorum.json").read_text())
+    assert kept["quorum_id"] >= after[0]["quorum_id"]  # it follows the group's quorums again
+    steps = sorted({r["step"] for rep in reps for r in rep.committed()})
+    assert steps == list(range(1, steps[-1] + 1)), "a step lost"
+    assert assert_samples_distinct(reps) == steps[-1]
