@@ -153,6 +153,42 @@ def test_check_lists_what_it_would_remove_and_changes_nothing(tmp_path):
     assert not re.search(r"^(stop|reload|restart|reset-failed|unmask|disable)", log, re.M), log
 
 
+@needs_ansible
+def test_check_lists_the_running_store_and_lighthouse_and_stops_neither(tmp_path):
+    """newcomer, 2026-12-01: reset.yml --check during a per_step job did not list the running
+    lighthouse (nor, under torchelastic, the store) as something it would stop: the stop command
+    was skipped in check mode. Two live stand-in supervisors (pidfiles in the state folder)."""
+    import psutil
+
+    inv, _ = _provisioned_tree(tmp_path)
+    controller = inv["all"]["children"]["rendezvous"]["hosts"]["controller"]
+    controller["rendezvous_lighthouse_port"] = 29497
+    rdzv = tmp_path / "rdzv"
+    rdzv.mkdir()
+    procs = []
+    try:
+        for name, port in (("store", 29498), ("lighthouse", 29497)):
+            proc = subprocess.Popen(["sleep", "120"])
+            procs.append(proc)
+            (rdzv / f"{name}-{port}.json").write_text(json.dumps({
+                "host": "127.0.0.1", "port": port, "supervisor_pid": proc.pid,
+                "supervisor_ctime": psutil.Process(proc.pid).create_time()}))
+        env_json = {"ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
+                    "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.json"}
+        r = _play(tmp_path, inv, "--check", env=env_json)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+        listed = [item["item"]["module"] for play in json.loads(r.stdout)["plays"] for task in play["tasks"]
+                  if task["task"]["name"].endswith("Stop the rendezvous store and the lighthouse")
+                  for item in task["hosts"]["controller"].get("results", []) if item.get("changed")]
+        assert listed == ["rdzv_store", "lighthouse"], r.stdout[-3000:]
+        assert all(p.poll() is None for p in procs), "--check stopped a service"
+        assert sorted(f.name for f in rdzv.iterdir()) == ["lighthouse-29497.json", "store-29498.json"]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
 def test_compare_finds_what_a_reset_left_and_ignores_new_packages_files():
     before = {"files": {"/etc": ["dir", 0o755, 0, 0, None], "/etc/hosts": ["file", 0o644, 0, 0, "aa"]},
               "users": ["root"], "groups": ["root:"], "unit_files": {"sleep.target": "static"},

@@ -273,13 +273,22 @@ def _wait_ping(service: Service, host: str, port: int, wait_s: float,
         time.sleep(0.3)
 
 
-def stop(service: Service, port: int, state_dir: Path, wait_s: float = 15.0) -> dict[str, Any]:
+def stop(service: Service, port: int, state_dir: Path, wait_s: float = 15.0, check: bool = False
+         ) -> dict[str, Any]:
     """Terminate the supervisor of ``service`` on ``port`` (SIGTERM, then SIGKILL of what is left).
 
-    ``changed: False`` when none was running.
+    ``changed: False`` when none was running. ``check``: stop nothing, touch no file, and say
+    what would be stopped (``changed`` True and ``supervisor_pid`` when one runs), as
+    ``ansible-playbook --check`` (reset.yml) lists it.
     """
     state = read_state(service, state_dir, port)
     pidfile, _ = service.paths(state_dir, port)
+    if check:
+        if not alive(state):
+            return {"changed": False, "running": False, "port": port, "check": True}
+        assert state is not None
+        return {"changed": True, "running": True, "port": port, "check": True,
+                "supervisor_pid": state.supervisor_pid}
     if not alive(state):
         pidfile.unlink(missing_ok=True)
         return {"changed": False, "running": False, "port": port}
@@ -348,6 +357,9 @@ def cli(
             sp.add_argument("--host", required=name != "status", default=None)
         if name not in extra:
             sp.add_argument("--state-dir", type=Path, default=Path(DEFAULT_STATE_DIR))
+        if name == "stop":
+            sp.add_argument("--check", action="store_true",
+                            help=f"stop nothing: say whether a {service.label} runs that stop would end")
         if name == "start":
             sp.add_argument("--wait", type=float, default=30.0,
                             help=f"seconds to wait for the {service.label}")
@@ -367,7 +379,7 @@ def cli(
             print(json.dumps(describe(out)))
             return 0
         if args.cmd == "stop":
-            print(json.dumps(stop(service, args.port, args.state_dir)))
+            print(json.dumps(stop(service, args.port, args.state_dir, check=args.check)))
             return 0
         out = status(service, args.port, args.state_dir, args.host)
         print(json.dumps(describe(out)))
