@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -221,11 +222,42 @@ def node_exec(
     )
 
 
+# Below the kernel's ephemeral range (net.ipv4.ip_local_port_range, 32768-60999 by default) and
+# above the project's fixed ports (29400 store, 29510 lighthouse, 29520/29521 replica), which
+# molecule or the lab may hold on this host while tests run.
+TEST_PORTS = range(30000, 32768)
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port that nothing listens on now (the kernel's pick), e.g. for a store of a test's own."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port that nothing listens on now and that no outgoing connection can take before
+    the process it is meant for binds it, e.g. for a store or a Manager of a test's own.
+
+    A port the kernel picks (``bind(("127.0.0.1", 0))``) lies in the ephemeral range: the
+    connections of processes already running (gloo pairs, store and gRPC clients) draw their
+    local ports from that range too, and one of them can take it first (CI saw a per_step
+    replica's worker fail to start that way). This picks at random from :data:`TEST_PORTS`,
+    below that range, one that binds on every address and was not handed out before in this
+    process.
+
+    Raises:
+        RuntimeError: the ephemeral range reaches into :data:`TEST_PORTS`, or none is free.
+    """
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    if low < TEST_PORTS.stop:
+        raise RuntimeError(f"net.ipv4.ip_local_port_range starts at {low}, inside the test ports "
+                           f"{TEST_PORTS.start}-{TEST_PORTS.stop - 1}: fix the range or TEST_PORTS")
+    for port in random.sample(TEST_PORTS, len(TEST_PORTS)):
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))  # also refused when a listener holds any address
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free TCP port in {TEST_PORTS.start}-{TEST_PORTS.stop - 1}")
 
 
 def run_playbooks(

@@ -22,7 +22,6 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,7 @@ WORKER = HERE / "rdzv_toy_worker.py"
 sys.path.insert(0, str(REPO / "train"))
 
 from ddplab.controller import rdzv_store  # noqa: E402
+from labharness import free_port  # noqa: E402  (tests/ is sys.path[0], script or pytest)
 
 # The rdzv-conf ddp-lab ships (roles/ddp_job/defaults/main.yml mirrors it).
 TUNED_CONF = {
@@ -55,13 +55,6 @@ DEFAULT_CONF: dict[str, int] = {}
 
 
 GLOG_TIME = re.compile(r"^[IWEF]\d{4} (\d\d:\d\d:\d\d\.\d+) ")
-
-
-def free_port() -> int:
-    """A TCP port that is free on this host right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def read_log(path: Path) -> list[dict]:

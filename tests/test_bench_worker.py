@@ -1,19 +1,17 @@
 """Bench workers join gloo the way training does: bound to DDPLAB_GLOO_ADDR when the role set it."""
 
-import socket
 
 import pytest
 import torch.distributed as dist
 from ddplab.bench import worker
 from ddplab.distributed import BOUND_GLOO_BACKEND
+from labharness import free_port
 
 
 @pytest.fixture
 def world_of_one(monkeypatch):
     """torchrun's variables for rank 0 of 1 with an env:// store on a free loopback port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
         monkeypatch.setenv(name, value)

@@ -120,7 +120,12 @@ def wait_until(what: str, predicate, replicas: list[Replica], timeout: float) ->
         if dead:
             break
         time.sleep(0.05)
-    logs = "\n".join(f"--- {r.name} (exit {r.proc.poll()})\n{r.output()}" for r in replicas)
+    # a replica that died first and with its whole log tail (its traceback); CI shows only the
+    # start of a long failure message
+    ended = sorted(replicas, key=lambda r: r.proc.poll() is None)
+    logs = "\n".join(f"--- {r.name} (exit {r.proc.poll()})\n"
+                     f"{r.output(tail=8000 if r.proc.poll() is not None else 1500)}" for r in ended)
+    what = f"{what}; ended: {[r.name for r in ended if r.proc.poll() is not None] or 'none'}"
     raise AssertionError(f"timed out waiting for {what}\n{logs}")
 
 

@@ -13,7 +13,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ import torch
 from conftest import REPO, read_metrics, run_torchrun, snapshot, subprocess_env, tiny_args, torchrun_cmd
 from ddplab import train as train_mod
 from ddplab.checkpoint import CheckpointStore
+from labharness import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -232,12 +232,6 @@ def test_frozen_peer_still_costs_no_step(mode, tmp_path, data_path):
     last_logged = max(r["step"] for r in records if r["event"] == "step")
     assert failure["step"] == last_logged
     assert CheckpointStore(out / "checkpoints").load(last_logged)["step"] == last_logged
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run_three_nodes(outs: list[Path], data_path: Path, **overrides) -> list[dict]:
