@@ -178,6 +178,7 @@ def replica_at(group_quorum_id: int | None):
 
     replica = Replica.__new__(Replica)
     replica.group_quorum_id, replica.cut_off, replica.manager = group_quorum_id, None, FakeManager()
+    replica.last_quorum_id = replica.present_since = None
     return replica
 
 
@@ -194,12 +195,15 @@ def test_a_quorum_id_that_skips_ids_marks_the_replica_cut_off_until_it_rejoins()
     quorum(replica, 12)  # the lighthouse formed 10 and 11 without this replica
     cut = replica.cut_off
     assert (cut.last_quorum_id, cut.quorum_id) == (9, 12) and replica.group_quorum_id == 9
+    assert replica.present_since == 12
     quorum(replica, 13)  # its own lone quorums follow on: still cut off, from the same gap
-    assert replica.cut_off is cut and replica.group_quorum_id == 9
+    assert replica.cut_off is cut and replica.group_quorum_id == 9 and replica.present_since == 12
+    quorum(replica, 16)  # 14 and 15 went on without it too: present in every quorum from 16 on
+    assert replica.cut_off is cut and replica.present_since == 16
     replica.rejoined()  # a step committed with a peer of the group
-    assert replica.cut_off is None and replica.group_quorum_id == 13
-    quorum(replica, 14)
-    assert replica.cut_off is None and replica.group_quorum_id == 14
+    assert replica.cut_off is None and replica.group_quorum_id == 16
+    quorum(replica, 17)
+    assert replica.cut_off is None and replica.group_quorum_id == 17
 
 
 @pytest.mark.parametrize(("kept", "first", "cut_off"), [

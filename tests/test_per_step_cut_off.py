@@ -119,3 +119,50 @@ def test_a_cut_off_replica_whose_group_is_still_there_is_healed_and_trains_on(
     steps = sorted({r["step"] for rep in reps for r in rep.committed()})
     assert steps == list(range(1, steps[-1] + 1)), "a step lost"
     assert assert_samples_distinct(reps) == steps[-1]
+
+
+def test_a_peer_back_from_a_freeze_while_a_cut_off_replica_waits_is_the_group(
+        tmp_path, data_path, lighthouse):
+    # node1 frozen, node0 trains alone; node0 frozen in turn and node1 thawed: node1 is cut off
+    # and waits alone (its lone quorums commit nothing). node0 thawed: its quorum skips the ids
+    # of node1's lone quorums, so both are cut off; node0 missed nothing but quorums node1 formed
+    # while waiting (ddplab.ft.Replica.exonerated): it is the group, node1 heals from it and both
+    # train on (before: each waited ft_rejoin_wait_s and stopped, the run ended on a false alarm)
+    reps = [Replica(tmp_path, f"node{i}", lighthouse, data_path, max_steps=100000, eval_interval=50,
+                    ckpt_interval=100000, ft_start_replicas=2, ft_rejoin_wait_s=20)
+            for i in range(2)]
+    for rep in reps:
+        rep.start()
+    group, victim = reps
+    t_two = wait_until("2 participants", lambda: e2e.first_at(reps, 2, 0.0), reps, 90)
+    wait_until("10 steps at 2", lambda: len(victim.committed(t_two)) >= 10, reps, 60)
+    os.kill(worker_pid(victim), signal.SIGSTOP)
+    alone = wait_until("node0 alone", lambda: e2e.first_at([group], 1, t_two), reps, 60)
+    wait_until("10 steps alone", lambda: len(group.committed(alone)) >= 10, reps, 30)
+    os.kill(worker_pid(group), signal.SIGSTOP)
+    os.kill(worker_pid(victim), signal.SIGCONT)
+    wait_until("node1 waiting, cut off", lambda: "was cut off" in victim.output(tail=0), reps, 30)
+    thawed = time.time()
+    os.kill(worker_pid(group), signal.SIGCONT)
+    back = wait_until("2 participants after both thaws", lambda: e2e.first_at(reps, 2, thawed),
+                      reps, 30)
+    wait_until("10 steps at 2 again", lambda: len(victim.committed(back)) >= 10, reps, 60)
+    for rep in reps:
+        rep.signal(signal.SIGTERM)
+    for rep in reps:
+        rep.wait(30)
+    print(f"\nper_step overlapping freezes: node0 thawed while node1 waited cut off -> 2 "
+          f"participants {back - thawed:.2f} s (load "
+          f"{' '.join(Path('/proc/loadavg').read_text().split()[:3])})")
+
+    assert "is back in the group" in victim.output(tail=0)
+    for rep in reps:
+        causes = [r["cause"] for r in rep.records() if r["event"] == "failure"]
+        assert causes == ["signal"], (rep.name, causes)  # the SIGTERM at the end only
+    # node1 healed from node0: what node0 trained alone is kept, nothing committed twice
+    alone_steps = {r["step"] for r in group.committed(alone) if r["participants"] == 1}
+    rejoined = victim.committed(back)[0]
+    assert rejoined["step"] > max(alone_steps)
+    steps = sorted({r["step"] for rep in reps for r in rep.committed()})
+    assert steps == list(range(1, steps[-1] + 1)), "a step lost"
+    assert assert_samples_distinct(reps) == steps[-1]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import math
 import os
 import signal
 import socket
@@ -177,6 +178,8 @@ class Replica:
                  group_quorum_id: int | None = None) -> None:
         where = endpoint()
         self.group_quorum_id = group_quorum_id
+        self.last_quorum_id: int | None = None  # the last quorum this replica was given
+        self.present_since: int | None = None  # while cut off: see follow_quorum
         self.cut_off: CutOff | None = None
         self.replica_id = cfg.ft_replica_id or socket.gethostname()
         self.addr = where.addr
@@ -245,14 +248,39 @@ class Replica:
         :attr:`cut_off` (kept until :meth:`rejoined`), and :attr:`group_quorum_id` stays the last
         quorum before the gap. An id not above it is a new lighthouse (ids start again at 1: a
         restart of the whole job) or the same quorum: followed on.
+
+        While cut off, :attr:`present_since` is the first id from which this replica has been in
+        every quorum (it commits nothing then): quorums a returning peer missed within that
+        range were formed by this waiting replica, not by a group that trained
+        (:meth:`exonerated`).
         """
-        last = self.group_quorum_id
+        last, seen = self.group_quorum_id, self.last_quorum_id
+        self.last_quorum_id = quorum_id
         if self.cut_off is not None:
+            if seen is not None and quorum_id > seen + 1:  # a further gap while cut off
+                self.present_since = quorum_id
             return
         if last is not None and quorum_id > last + 1:
             self.cut_off = CutOff(last, quorum_id, time.monotonic())
+            self.present_since = quorum_id
         else:
             self.group_quorum_id = quorum_id
+
+    def exonerated(self) -> bool:
+        """For a quorum whose participants are all cut off: whether one of them missed only
+        quorums formed while another participant waited, cut off, in every quorum (so nothing
+        was committed without it: it is the group, e.g. a peer frozen for a while after this one
+        was cut off and had been waiting). One MIN all-reduce of [present_since, -group quorum id]
+        over the participants: True when the largest group quorum id + 1 reaches the smallest
+        ``present_since``. Every participant gets the same answer (False when it failed: the step
+        then does not commit anyway).
+        """
+        cut = self.cut_off
+        mine = torch.tensor([float(self.present_since if cut else math.inf),
+                             -float(self.group_quorum_id if self.group_quorum_id is not None
+                                    else -1)], dtype=torch.float64)
+        self.manager.allreduce(mine, reduce_op=torch.distributed.ReduceOp.MIN).wait()
+        return not self.errored() and -float(mine[1]) + 1 >= float(mine[0])
 
     def rejoined(self) -> None:
         """A step was committed with a participant that was not cut off (whose state this

@@ -577,9 +577,8 @@ class Trainer:
                 f"{' (waited by the attempt before this restart)' if again else ''}; nothing "
                 f"trained alone, its state of step {self.step} and its checkpoints are kept. Fix: "
                 "if the group finished, its result is the run's (this node's is not); else start "
-                "the group "
-                "again (this replica heals from a peer ahead), or raise ft_rejoin_wait_s "
-                "(playbook: ddp_job_ft_rejoin_wait_s)", cut)
+                "the group again (this replica heals from a peer ahead), or raise "
+                "ft_rejoin_wait_s (playbook: ddp_job_ft_rejoin_wait_s)", cut)
         if not self.announced_cut_off:
             self.announced_cut_off = True
             print(f"[ddplab] step {self.step + 1}: replica {self.replica.replica_id} was cut off "
@@ -742,6 +741,9 @@ class Trainer:
                 self.record_participants(participants, replica.quorum_id)
                 if replica.cut_off is not None:  # committed with a peer of the group
                     replica.rejoined()
+                    if self.announced_cut_off:
+                        print(f"[ddplab] step {self.step}: replica {replica.replica_id} is back in "
+                              f"the group (quorum {replica.quorum_id})", flush=True)
                     self.announced_cut_off = False
             self.consistent = True
             step_s = time.perf_counter() - t0 - eval_s  # the evaluation has its own record
@@ -784,7 +786,8 @@ class Trainer:
         Returns the global batch's mean loss (NaN when the sum failed: the step will not commit,
         nothing is decided on it), or why no participant commits (every participant sees the
         same sum): HELD_BY_START_BARRIER (:meth:`ready_to_start`) or ALL_CUT_OFF (no
-        participant took part in the group's last quorums: :meth:`wait_for_the_group`).
+        participant took part in the group's last quorums, and none missed only quorums formed
+        by another one waiting: ddplab.ft.Replica.exonerated; :meth:`wait_for_the_group`).
 
         Raises:
             Diverged: the step must not be applied (every participant sees the same sums).
@@ -796,7 +799,7 @@ class Trainer:
             return float("nan")
         if both[2] == 0:
             return HELD_BY_START_BARRIER
-        if both[3] == participants:
+        if both[3] == participants and not self.replica.exonerated():
             return ALL_CUT_OFF
         mean_loss, any_bad = float(both[0]) / global_batch, bool(both[1] > 0)
         return self.check_divergence(mean_loss, any_bad, grad_norm)
