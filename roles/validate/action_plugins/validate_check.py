@@ -32,6 +32,7 @@ import importlib.util
 import ipaddress
 import json
 import re
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -509,15 +510,23 @@ def _routable(address: Any) -> bool:
     return _filters.is_ipv4(address or "") and not _filters.is_loopback(address)
 
 
-def launch(host: str, unit_show: str) -> dict:
+def launch(host: str, unit_show: str, run_id: str = "", stop: Mapping[str, Any] | None = None) -> dict:
     """The node's last agent launch (``unit_show``: ``systemctl show UNIT -p
     LoadState,ExecStart,Environment``) passed explicit addresses: a routable --local-addr and
-    --rdzv-endpoint host, and a GLOO_SOCKET_IFNAME that is not lo. skip: no launch yet."""
+    --rdzv-endpoint host, and a GLOO_SOCKET_IFNAME that is not lo. skip: no launch yet, or the
+    unit is gone. ``run_id``, ``stop``: the run status.yml looks at and its ``kind: stop`` event
+    (filter ``ddp_job_stop_event``; {} when not stopped): a node the event names says its last run
+    was stopped by stop.yml at T, as the status table does (stop.yml clears the unit of a job that
+    had ended, so its addresses are then not known)."""
     seen = _filters.unit_launch(unit_show)
+    stopped = ""
+    if host in ((stop or {}).get("hosts") or []):
+        when = time.strftime("%H:%M:%S", time.localtime(float((stop or {}).get("time") or 0)))
+        stopped = f"the last run {run_id or '?'} was stopped by stop.yml at {when}"
     if not seen["loaded"]:
+        first = (f"{stopped} (its agent unit is gone)" if stopped else "no agent launched on this node yet")
         return {"check": "launch", "status": "skip", "detail": (
-            "no agent launched on this node yet; ddp_job passes --local-addr, GLOO_SOCKET_IFNAME and an IP"
-            " --rdzv-endpoint")}
+            f"{first}; ddp_job passes --local-addr, GLOO_SOCKET_IFNAME and an IP --rdzv-endpoint")}
     ifname = seen["gloo_socket_ifname"]
     explicit = (_routable(seen["local_addr"]) and _routable((seen["rdzv_endpoint"] or "").rpartition(":")[0])
                 and bool(ifname) and ifname != "lo")
@@ -525,7 +534,8 @@ def launch(host: str, unit_show: str) -> dict:
         f"{host}: the last agent launch passed no explicit address ({_launch_words(seen)}), so gloo may have"
         " used the hostname's (loopback) address; fix: launch with ddp-lab (site.yml or playbooks/train.yml),"
         " which passes them")
-    return record("launch", problem, f"last launch: {_launch_words(seen)}", "warn")
+    detail = f"last launch: {_launch_words(seen)}" + (f"; {stopped}" if stopped else "")
+    return record("launch", problem, detail, "warn")
 
 
 def unique_address(host: str, addresses: Mapping[str, Any]) -> dict:
