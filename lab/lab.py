@@ -40,9 +40,11 @@ import contextlib
 import functools
 import hashlib
 import http.server
+import importlib.util
 import ipaddress
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -67,6 +69,7 @@ RECIPE_DIR = LAB_DIR / "image"
 STATE_DIR = Path(os.environ.get("DDP_LAB_STATE_DIR", LAB_DIR / ".state"))
 CONTAINERS_CONF = STATE_DIR / "containers.conf"
 INVENTORY_FILE = REPO / "inventory" / "lab" / "hosts.yml"
+RUNS_DIR = REPO / "runs"  # the controller's runs (ddp_job_runs_dir's default)
 
 SUITE = "bookworm"
 MIRROR = os.environ.get("DDP_LAB_MIRROR", "http://deb.debian.org/debian")
@@ -526,7 +529,45 @@ def network_gateway() -> str:
     raise LabError(f"podman network {NETWORK} has no IPv4 gateway: `make lab-down lab-up` recreates it")
 
 
+def agent_unit() -> str:
+    """The training agent's systemd unit on a laptop (``ddp_lab_unit`` of roles/ddp_lab), with .service."""
+    text = (REPO / "roles" / "ddp_lab" / "defaults" / "main.yml").read_text()
+    match = re.search(r"^ddp_lab_unit:\s*[\"']?([^\s\"'#]+)", text, re.M)
+    unit = match.group(1) if match else "ddp-lab-agent"
+    return unit if unit.endswith(".service") else f"{unit}.service"
+
+
+def stop_event(runs_dir: Path | None = None) -> tuple[str, dict]:
+    """The run runs/current points at and the ``kind: stop`` event stop.yml wrote for its newest
+    launch ({} when it was not stopped; ("", {}) without runs/current; ``runs_dir``: default
+    RUNS_DIR): the ``ddp_job_stop_event``
+    filter of roles/ddp_job, the one reading status.yml and collect share."""
+    link = (runs_dir or RUNS_DIR) / "current"
+    if not link.is_symlink():
+        return "", {}
+    run = link.resolve()
+    spec = importlib.util.spec_from_file_location(
+        "ddp_job_filters", REPO / "roles" / "ddp_job" / "filter_plugins" / "ddp_job.py")
+    filters = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(filters)
+    try:
+        text = (run / "events.jsonl").read_text(errors="replace")
+    except OSError:
+        text = ""
+    return run.name, filters.stop_event(text)
+
+
+def failed_units(name: str) -> list[str]:
+    """The units systemd lists as failed in the container ``name``."""
+    listing = out(podman("exec", name, "systemctl", "--failed", "--plain", "--no-legend", check=False))
+    return [line.split()[0] for line in listing.splitlines() if line.split()]
+
+
 def wait_for_systemd(name: str) -> str:
+    """Wait until systemd in ``name`` has booted; returns its state (running, degraded). A degraded
+    state is logged with its failed units, except the agent unit of a run stop.yml stopped on this
+    node (the SIGTERM fails the unit; a job the user stopped is not a degraded lab: it is named as
+    stopped, and `make status` reads it so)."""
     deadline = time.monotonic() + SYSTEMD_READY_TIMEOUT_S
     state = "unknown"
     while time.monotonic() < deadline:
@@ -534,10 +575,16 @@ def wait_for_systemd(name: str) -> str:
         state = out(proc) or "unknown"
         if state in ("running", "degraded"):
             if state == "degraded":
-                failed = out(
-                    podman("exec", name, "systemctl", "--failed", "--plain", "--no-legend", check=False)
-                )
-                log(f"{name}: systemd is degraded; failed units: {failed or '?'}")
+                failed = failed_units(name)
+                run, stop = stop_event()
+                if agent_unit() in failed and name in (stop.get("hosts") or []):
+                    failed.remove(agent_unit())
+                    when = time.strftime("%H:%M:%S", time.localtime(float(stop.get("time") or 0)))
+                    log(f"{name}: the agent of run {run} was stopped by stop.yml at {when} (its unit stays"
+                        " failed until the next launch; `make status` reads it stopped)")
+                    state = "running, job stopped" if not failed else state
+                if state == "degraded":
+                    log(f"{name}: systemd is degraded; failed units: {' '.join(failed) or '?'}")
             return state
         time.sleep(1)
     raise LabError(

@@ -473,3 +473,39 @@ def test_image_build_reports_progress_of_each_long_step(lab, tmp_path, monkeypat
     ]
     assert {log_path for *_, log_path in seen} == {lab.BUILD_LOG}
     assert (lab.STATE_DIR / f"rootfs-{lab.SUITE}-minbase.tar").is_file()  # cached for the next build
+
+
+def _degraded_podman(failed: dict[str, str]):
+    """A podman whose containers' systemd is degraded with the ``failed`` units listed (name -> the
+    lines of `systemctl --failed --plain --no-legend`)."""
+    def fake(*args, check=True, **kwargs):
+        name, cmd = args[1], args[2:]
+        text = "degraded\n" if cmd == ("systemctl", "is-system-running") else failed[name]
+        return subprocess.CompletedProcess(["podman", *args], 0, text.encode(), b"")
+    return fake
+
+
+def test_lab_up_names_a_job_stop_yml_stopped_instead_of_a_degraded_lab(lab, tmp_path, monkeypatch, capsys):
+    """newcomer, 2026-12-01: after stop.yml, `make lab-up` printed "systemd is degraded; failed units:
+    ddp-lab-agent.service" on every laptop. The laptops the run's stop event names have their job
+    stopped, not a degraded lab; another failed unit, or an agent that failed on its own, still is."""
+    run = tmp_path / "runs" / "20261201-070000-abcd"
+    run.mkdir(parents=True)
+    (tmp_path / "runs" / "current").symlink_to(run.name)
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in (
+        {"kind": "launch", "time": 1.0, "hosts": ["laptop-a", "laptop-b", "laptop-c"]},
+        {"kind": "stop", "time": 2.0, "run_id": run.name, "hosts": ["laptop-a", "laptop-c"]})))
+    monkeypatch.setattr(lab, "RUNS_DIR", tmp_path / "runs")
+    agent = "ddp-lab-agent.service loaded failed failed /opt/ddp-lab/venv/bin/python -m ddplab.agent\n"
+    monkeypatch.setattr(lab, "podman", _degraded_podman({
+        "laptop-a": agent, "laptop-b": agent,
+        "laptop-c": agent + "foo.service loaded failed failed Foo\n"}))
+    states = {name: lab.wait_for_systemd(name) for name in ("laptop-a", "laptop-b", "laptop-c")}
+    text = capsys.readouterr().out
+    assert states == {"laptop-a": "running, job stopped", "laptop-b": "degraded", "laptop-c": "degraded"}
+    assert f"laptop-a: the agent of run {run.name} was stopped by stop.yml at" in text, text
+    assert "laptop-a: systemd is degraded" not in text, text
+    assert "laptop-b: systemd is degraded; failed units: ddp-lab-agent.service" in text, text
+    assert "laptop-c: systemd is degraded; failed units: foo.service" in text, text
+    (run / "events.jsonl").write_text(json.dumps({"kind": "launch", "time": 3.0}) + "\n")  # relaunched
+    assert lab.wait_for_systemd("laptop-a") == "degraded"
