@@ -571,6 +571,9 @@ def test_row_of_a_node_stop_yml_stopped_reads_stopped():
     row = table.row_of("laptop-a", failed, stop)
     assert row["agent"] == "stopped" and row["last failure"].startswith("stopped by stop.yml at "), row
     assert table.row_of("laptop-b", failed, stop)["agent"] == "failed"
+    cleared = watch_result("laptop-a", UNITS["absent"], recs("laptop-a", 0, 5))  # unit gone after the stop
+    assert table.row_of("laptop-a", cleared, stop)["agent"] == "stopped"
+    assert table.row_of("laptop-b", cleared, stop)["agent"] == "no job"
     assert table.row_of("laptop-a", failed, {})["agent"] == "failed"
     assert table.bad_nodes([row]) == []
 

@@ -64,8 +64,9 @@ def row_of(host: str, res: Mapping[str, Any] | None, stop: Mapping[str, Any] | N
     """One table row from a node's ``ddp_job_watch`` result (``once: true``).
 
     ``res`` None or skipped: no run to look at (``no job``). ``stop``: the run's stop event (the
-    ``ddp_job_stop_event`` filter's result): a failed node it names was stopped by stop.yml (the
-    SIGTERM ended its agent), as the watch (tasks/watch.yml) and collect label it. Returns ``{node,
+    ``ddp_job_stop_event`` filter's result): a failed node it names, or an absent one (its unit
+    dropped), was stopped by stop.yml (the SIGTERM ended its agent), as the watch (tasks/watch.yml)
+    and collect label it. Returns ``{node,
     agent, run, step, loss, val, ws, rank, tok/s, restarts, last step s, last failure, engine}``,
     all strings (``engine``: the node's recovery engine, "" when unknown); ``agent`` is running |
     ended | failed | stopped | no job | unreachable | error.
@@ -74,7 +75,8 @@ def row_of(host: str, res: Mapping[str, Any] | None, stop: Mapping[str, Any] | N
     state = "absent" if res.get("skipped") or not res.get("state") else str(res["state"])
     p = res.get("progress") or {}
     failure = p.get("failure") or ""
-    if state == "failed" and host in ((stop or {}).get("hosts") or []):
+    # stop.yml's SIGTERM fails the unit, or ends it cleanly (then systemd drops it: absent)
+    if state in ("failed", "absent") and host in ((stop or {}).get("hosts") or []):
         state = "stopped"
         when = time.strftime("%H:%M:%S", time.localtime(float(stop.get("time") or 0)))
         failure = f"stopped by stop.yml at {when}"
