@@ -15,6 +15,10 @@ whose id skips the quorums the peer formed without it:
   its checkpoints kept; the worker torchrun restarts (``--max-restarts 1``) reads the last group
   quorum it took part in from beside the checkpoints, is cut off too and stops at once (it does not
   wait again), exit 1; no step and no sample is committed twice across the replicas.
+
+Thawed while its peer still trains, the replica is cut off too but heals from the peer at once.
+And a peer frozen in turn, back while the cut-off replica waited alone, is the group (both were
+cut off: ddplab.ft.Replica.exonerated): both train on.
 """
 
 from __future__ import annotations
@@ -36,16 +40,35 @@ pytestmark = pytest.mark.slow
 WAIT_S = 8  # ft_rejoin_wait_s
 
 
-def test_a_replica_cut_off_until_the_group_finished_does_not_train_on_alone(
-        tmp_path, data_path, lighthouse):
-    reps = [Replica(tmp_path, f"node{i}", lighthouse, data_path, max_steps=80, eval_interval=20,
-                    ckpt_interval=20, ft_start_replicas=2, ft_rejoin_wait_s=WAIT_S, max_restarts=i)
+def two_in_step(tmp_path, data_path, lighthouse, steps: int, **overrides) -> tuple[list[Replica], float]:
+    """node0 and node1 (start barrier 2), started; returns them once node1 committed ``steps``
+    steps at 2 participants, with the time of the first one."""
+    settings = {"max_steps": 100000, "eval_interval": 50, "ckpt_interval": 100000,
+                "ft_start_replicas": 2, "ft_rejoin_wait_s": WAIT_S, **overrides}
+    reps = [Replica(tmp_path, f"node{i}", lighthouse, data_path,
+                    **{k: v[i] if isinstance(v, tuple) else v for k, v in settings.items()})
             for i in range(2)]
     for rep in reps:
         rep.start()
-    peer, victim = reps
     t_two = wait_until("2 participants", lambda: e2e.first_at(reps, 2, 0.0), reps, 90)
-    wait_until("25 steps at 2", lambda: len(victim.committed(t_two)) >= 25, reps, 60)
+    wait_until(f"{steps} steps at 2", lambda: len(reps[1].committed(t_two)) >= steps, reps, 60)
+    return reps, t_two
+
+
+def stop(reps: list[Replica]) -> str:
+    """SIGTERM every replica, wait for them; returns the load average for the figures."""
+    for rep in reps:
+        rep.signal(signal.SIGTERM)
+    for rep in reps:
+        rep.wait(30)
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def test_a_replica_cut_off_until_the_group_finished_does_not_train_on_alone(
+        tmp_path, data_path, lighthouse):
+    reps, _ = two_in_step(tmp_path, data_path, lighthouse, 25, max_steps=80, eval_interval=20,
+                          ckpt_interval=20, max_restarts=(0, 1))
+    peer, victim = reps
     frozen = time.time()
     os.kill(worker_pid(victim), signal.SIGSTOP)
     assert peer.wait(120) == 0, peer.output()  # alone from the freeze on, to the end
@@ -88,14 +111,8 @@ def test_a_cut_off_replica_whose_group_is_still_there_is_healed_and_trains_on(
         tmp_path, data_path, lighthouse):
     # the same freeze, thawed while the peer still trains: the quorum skips ids for the thawed
     # replica too, but its peer took part in them, so the step commits and it belongs again
-    reps = [Replica(tmp_path, f"node{i}", lighthouse, data_path, max_steps=100000, eval_interval=50,
-                    ckpt_interval=100000, ft_start_replicas=2, ft_rejoin_wait_s=WAIT_S)
-            for i in range(2)]
-    for rep in reps:
-        rep.start()
+    reps, _ = two_in_step(tmp_path, data_path, lighthouse, 10)
     peer, victim = reps
-    t_two = wait_until("2 participants", lambda: e2e.first_at(reps, 2, 0.0), reps, 90)
-    wait_until("10 steps at 2", lambda: len(victim.committed(t_two)) >= 10, reps, 60)
     frozen = time.time()
     os.kill(worker_pid(victim), signal.SIGSTOP)
     wait_until("the peer alone", lambda: e2e.first_at([peer], 1, frozen), reps, 60)
@@ -103,12 +120,9 @@ def test_a_cut_off_replica_whose_group_is_still_there_is_healed_and_trains_on(
     os.kill(worker_pid(victim), signal.SIGCONT)
     back = wait_until("2 participants after the thaw", lambda: e2e.first_at(reps, 2, thawed), reps, 60)
     wait_until("10 more steps", lambda: len(victim.committed(back)) >= 10, reps, 60)
-    for rep in reps:
-        rep.signal(signal.SIGTERM)
-    for rep in reps:
-        rep.wait(30)
+    load = stop(reps)
     print(f"\nper_step cut-off replica, group still there: thaw -> 2 participants "
-          f"{back - thawed:.2f} s (load {' '.join(Path('/proc/loadavg').read_text().split()[:3])})")
+          f"{back - thawed:.2f} s (load {load})")
 
     before = [r for r in victim.committed() if r["time"] < frozen]
     after = victim.committed(thawed)
@@ -128,14 +142,8 @@ def test_a_peer_back_from_a_freeze_while_a_cut_off_replica_waits_is_the_group(
     # of node1's lone quorums, so both are cut off; node0 missed nothing but quorums node1 formed
     # while waiting (ddplab.ft.Replica.exonerated): it is the group, node1 heals from it and both
     # train on (before: each waited ft_rejoin_wait_s and stopped, the run ended on a false alarm)
-    reps = [Replica(tmp_path, f"node{i}", lighthouse, data_path, max_steps=100000, eval_interval=50,
-                    ckpt_interval=100000, ft_start_replicas=2, ft_rejoin_wait_s=20)
-            for i in range(2)]
-    for rep in reps:
-        rep.start()
+    reps, t_two = two_in_step(tmp_path, data_path, lighthouse, 10, ft_rejoin_wait_s=20)
     group, victim = reps
-    t_two = wait_until("2 participants", lambda: e2e.first_at(reps, 2, 0.0), reps, 90)
-    wait_until("10 steps at 2", lambda: len(victim.committed(t_two)) >= 10, reps, 60)
     os.kill(worker_pid(victim), signal.SIGSTOP)
     alone = wait_until("node0 alone", lambda: e2e.first_at([group], 1, t_two), reps, 60)
     wait_until("10 steps alone", lambda: len(group.committed(alone)) >= 10, reps, 30)
@@ -147,13 +155,9 @@ def test_a_peer_back_from_a_freeze_while_a_cut_off_replica_waits_is_the_group(
     back = wait_until("2 participants after both thaws", lambda: e2e.first_at(reps, 2, thawed),
                       reps, 30)
     wait_until("10 steps at 2 again", lambda: len(victim.committed(back)) >= 10, reps, 60)
-    for rep in reps:
-        rep.signal(signal.SIGTERM)
-    for rep in reps:
-        rep.wait(30)
+    load = stop(reps)
     print(f"\nper_step overlapping freezes: node0 thawed while node1 waited cut off -> 2 "
-          f"participants {back - thawed:.2f} s (load "
-          f"{' '.join(Path('/proc/loadavg').read_text().split()[:3])})")
+          f"participants {back - thawed:.2f} s (load {load})")
 
     assert "is back in the group" in victim.output(tail=0)
     for rep in reps:
