@@ -240,6 +240,91 @@ class TrainConfig:
         return {key: getattr(self, key) for key in MODEL_SHAPE_FIELDS}
 
 
+#: What a resume takes from the run it resumes (its run.json, resolved by :func:`build_config`)
+#: unless given again: every field that shapes training. The first group cannot change within a run
+#: (the engine, the model's shape, the seed that orders the data and initialises the weights, the
+#: dataset that gives the vocabulary: a checkpoint of another value is refused, :class:`ddplab.train`);
+#: a given value that differs is a conflict. The others may change (e.g. a larger max_steps): the
+#: given value is used and reported. Per-node and per-launch keys (paths, run id, threads, ft_* of
+#: the launch, allow_fresh_start) are the launch's own.
+RESUME_FIXED = ("fault_tolerance", "preset", *MODEL_SHAPE_FIELDS, "seed", "data_sha256")
+RESUME_CHANGEABLE = (
+    "max_steps", "dropout", "per_rank_batch_size", "global_batch_size", "batch_policy", "base_lr",
+    "reference_batch_size", "warmup_steps", "lr_ramp_steps", "min_lr_ratio", "weight_decay", "beta1",
+    "beta2", "grad_clip", "divergence_margin", "eval_interval", "eval_iters", "ckpt_interval",
+    "keep_checkpoints", "log_interval", "sample_chars",
+)
+RESUME_FIELDS = RESUME_FIXED + RESUME_CHANGEABLE
+
+
+@dataclass
+class ResumePlan:
+    """What a resume of run ``run_id`` trains with (:func:`resume_plan`).
+
+    ``settings``: the run's values of the :data:`RESUME_FIELDS` not given again (run.json keys);
+    ``changes``: ``key: run's value -> given value`` per given changeable value that differs;
+    ``conflicts``: one line per problem (a fixed setting given with another value, a max_steps the
+    run has already reached, a merged configuration the training program refuses); empty: the
+    resume may go ahead.
+    """
+
+    run_id: str
+    settings: dict[str, Any]
+    changes: list[str]
+    conflicts: list[str]
+
+
+def resume_plan(run_id: str, recorded: dict[str, Any], given: dict[str, Any],
+                reached_step: int | None = None, names: dict[str, str] | None = None) -> ResumePlan:
+    """Merge a run's recorded configuration with the settings given for its resume.
+
+    ``recorded``: the run's run.json values (as ddp-lab wrote them at its launch); ``given``: the
+    TrainConfig keys given explicitly for this resume (JSON/CLI values, coerced like
+    :func:`build_config`); ``reached_step``: the newest checkpoint step on the nodes (None: unknown),
+    which a given max_steps must exceed; ``names``: how the messages name a key (the playbook
+    variable that gives it, e.g. ``fault_tolerance`` -> ``ddp_job_fault_tolerance``), default the key.
+
+    Raises:
+        ConfigError: ``recorded`` is not a valid configuration (unknown key, bad value).
+    """
+    try:
+        run = build_config(recorded)
+    except ConfigError as exc:
+        raise ConfigError(f"the recorded configuration of run {run_id} is not valid: {exc}") from None
+    conflicts: list[str] = []
+    changes: list[str] = []
+    names = names or {}
+    given = {k: v for k, v in given.items() if v is not None}
+    coerced: dict[str, Any] = {}
+    for key in sorted(set(given) & set(RESUME_FIELDS)):
+        try:
+            value = coerced[key] = _coerce(key, given[key])
+        except ConfigError as exc:
+            conflicts.append(str(exc))
+            continue
+        old, shown = getattr(run, key), names.get(key, key)
+        if value == old:
+            continue
+        if key in RESUME_FIXED:
+            conflicts.append(f"{shown}: run {run_id} was trained with {old!r}, given {value!r}; fix: leave "
+                             f"{shown} out to resume with the run's value (or start a new run)")
+        else:
+            changes.append(f"{shown} {old!r} -> {value!r}")
+    settings = {k: getattr(run, k) for k in RESUME_FIELDS if k not in given}
+    max_steps = coerced.get("max_steps")
+    if reached_step is not None and isinstance(max_steps, int) and max_steps <= reached_step:
+        shown = names.get("max_steps", "max_steps")
+        conflicts.append(f"{shown}: given {max_steps}, run {run_id} has reached step {reached_step} (its "
+                         f"newest checkpoint); fix: a max_steps above {reached_step}, or leave it out to "
+                         f"resume to the run's {run.max_steps}")
+    if not conflicts:
+        try:
+            build_config({**recorded, **settings, **given})
+        except ConfigError as exc:
+            conflicts.append(f"the resumed configuration is refused: {exc}")
+    return ResumePlan(run_id, settings, changes, conflicts)
+
+
 def lighthouse_error(url: Any) -> str | None:
     """Why ``url`` is not a lighthouse address ``http://HOST:PORT`` (None when it is one)."""
     if not isinstance(url, str):

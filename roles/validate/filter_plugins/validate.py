@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import io
 import ipaddress
+import json
 import os
 import re
 import shlex
@@ -129,6 +130,101 @@ def train_config_error(values: dict) -> str:
     except ConfigError as exc:
         return str(exc)
     return ""
+
+
+def _ddplab_config():
+    """The training program's configuration module (no torch needed), from the checkout's train/."""
+    if str(_TRAIN_DIR) not in sys.path:
+        sys.path.insert(0, str(_TRAIN_DIR))
+    from ddplab import config  # noqa: PLC0415 - the package is optional here
+
+    return config
+
+
+# The playbook variables that give run.json keys (roles/ddp_job/vars/main.yml __ddp_job_config);
+# any other key comes from ddp_job_train_overrides, which is combined last.
+RESUME_VARS = {"ddp_job_preset": "preset", "ddp_job_max_steps": "max_steps",
+               "ddp_job_lr_ramp_steps": "lr_ramp_steps", "ddp_job_fault_tolerance": "fault_tolerance",
+               "ddp_job_dataset_sha256": "data_sha256"}
+CHECKPOINT = re.compile(r"^ckpt-(\d{8,})\.pt$")  # ddplab.checkpoint's file names
+
+
+def _first_difference(plans: dict) -> str:
+    """``key: host a, host b`` for the first run.json key the trainers' resume plans disagree on."""
+    hosts = sorted(plans)
+    for key in sorted({k for p in plans.values() for k in p.settings}):
+        values = [plans[h].settings.get(key) for h in hosts]
+        if len({json.dumps(v, default=str) for v in values}) > 1:
+            return f"{key}: " + ", ".join(f"{h} {v!r}" for h, v in zip(hosts, values, strict=True))
+    return "-"
+
+
+def resume_plan(nodes: dict, run_id: str, given_vars: dict, looked_in: str = "") -> dict:
+    """What a resume of ``run_id`` trains with, judged before anything starts.
+
+    ``nodes``: trainer -> ``{checkpoints: [file names in runs/<run_id>/checkpoints], run_json: the
+    text of its runs/<run_id>/run.json ('' when missing)}``; ``given_vars``: the variables the user
+    set (a host's ``hostvars``: inventory, -e and facts, no role defaults), of which
+    :data:`RESUME_VARS` and ``ddp_job_train_overrides`` are read; ``looked_in``: the checkpoint
+    folder, for the message.
+
+    Returns ``{problems, warnings, settings, changes, engine, step, holders}``: ``problems`` one
+    line each (none: go ahead); ``settings`` the run.json keys the resume takes from the run
+    (``ddplab.config.resume_plan``, the run's run.json as the nodes that hold its checkpoints
+    keep it); ``changes`` the given values that differ from the run's; ``engine`` the run's
+    recovery engine (None when unknown); ``step`` the newest checkpoint step on any node.
+    """
+    config = _ddplab_config()
+    out: dict = {"problems": [], "warnings": [], "settings": {}, "changes": [], "engine": None,
+                 "step": None, "holders": []}
+    steps = {h: [int(m.group(1)) for n in (v or {}).get("checkpoints") or []
+                 if (m := CHECKPOINT.match(str(n)))] for h, v in nodes.items()}
+    out["holders"] = sorted(h for h, s in steps.items() if s)
+    if not out["holders"]:
+        out["problems"].append(
+            f"no trainer holds a checkpoint of run {run_id} (looked in {looked_in or run_id + '/checkpoints'}"
+            f" on {', '.join(sorted(nodes))}); fix: pick a run id from runs/ on the controller or leave"
+            " ddp_job_resume_run_id empty to start a new run")
+        return out
+    out["step"] = max(max(s) for s in steps.values() if s)
+    given_vars = {k: given_vars[k] for k in (*RESUME_VARS, "ddp_job_train_overrides") if k in given_vars}
+    given = {RESUME_VARS[k]: v for k, v in given_vars.items() if k in RESUME_VARS and v is not None}
+    overrides = given_vars.get("ddp_job_train_overrides") or {}
+    given.update(overrides if isinstance(overrides, dict) else {})
+    names = {key: var for var, key in RESUME_VARS.items() if key not in overrides}
+    names.update({key: f"ddp_job_train_overrides.{key}" for key in overrides if isinstance(overrides, dict)})
+    plans, unreadable = {}, []
+    for host in out["holders"]:
+        text = str((nodes[host] or {}).get("run_json") or "")
+        try:
+            recorded = json.loads(text) if text.strip() else None
+            plans[host] = None if recorded is None else config.resume_plan(
+                run_id, recorded, given, out["step"], names)
+        except (ValueError, TypeError, config.ConfigError) as exc:
+            unreadable.append(f"{host} ({exc})")
+    found = {h: p for h, p in plans.items() if p is not None}
+    if unreadable:
+        out["problems"].append(
+            f"run {run_id}: the run's settings cannot be read on {', '.join(unreadable)}; fix: restore its"
+            f" runs/{run_id}/run.json from the controller's runs/{run_id}/<laptop>/run.json")
+        return out
+    if not found:
+        out["warnings"].append(
+            f"run {run_id}: no trainer holding its checkpoints has its run.json; the resume trains with the"
+            " settings given now (give the run's max_steps, preset, engine and overrides again)")
+        return out
+    distinct = {json.dumps(p.settings, sort_keys=True, default=str) for p in found.values()}
+    if len(distinct) > 1:
+        out["problems"].append(
+            f"run {run_id}: the trainers hold different settings for it in runs/{run_id}/run.json"
+            f" ({_first_difference(found)});"
+            " fix: copy one laptop's run.json to the others, or give the settings explicitly")
+        return out
+    plan = found[sorted(found)[0]]
+    out["problems"] += plan.conflicts
+    out["settings"], out["changes"] = plan.settings, plan.changes
+    out["engine"] = plan.settings.get("fault_tolerance", given.get("fault_tolerance"))
+    return out
 
 
 def route_info(stdout: str) -> dict:
@@ -367,4 +463,5 @@ class FilterModule:
             "validate_proc_ppid": proc_ppid,
             "validate_odd_ones": odd_ones,
             "validate_path_chain": path_chain,
+            "validate_resume_plan": resume_plan,
         }
