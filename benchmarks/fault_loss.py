@@ -59,7 +59,7 @@ import recovery  # noqa: E402  (benchmarks/recovery.py: play, await, plan, load 
 from benchcli import first_sentence  # noqa: E402  (benchmarks/benchcli.py)
 from ddplab import faults  # noqa: E402
 from ddplab.config import build_config  # noqa: E402
-from ddplab.controller.rundir import RunFolderError, load_run  # noqa: E402
+from ddplab.controller.rundir import RunFolderError, load_run, world_size_timeline  # noqa: E402
 from ddplab.records import events_of, num  # noqa: E402
 from recovery import (  # noqa: E402
     REPO,
@@ -324,6 +324,50 @@ def last_fault_step(run_dir: Path) -> int | None:
     return max(done, default=None)
 
 
+def reduced_stretches(run_dir: Path, nodes: int) -> list[dict]:
+    """The stretches a run trained at fewer than ``nodes`` participants (world size), from
+    :func:`ddplab.controller.rundir.world_size_timeline` (committed steps only): [{world_size,
+    first_step, last_step, seconds}], ``seconds`` from the first step at that size to the first step
+    at the next one (to the run's last committed step when it ended that way)."""
+    records = load_run(run_dir).records
+    timeline = world_size_timeline(records)
+    last = max(
+        (
+            (r["time"], r["step"])
+            for r in events_of(records, "step")
+            if r.get("committed", True) is not False and isinstance(r.get("step"), int) and num(r.get("time"))
+        ),
+        default=None,
+    )
+    out = []
+    for i, e in enumerate(timeline):
+        if e["world_size"] >= nodes:
+            continue
+        nxt = timeline[i + 1] if i + 1 < len(timeline) else None
+        end_time, end_step = (nxt["time"], nxt["step"] - 1) if nxt else (last or (e["time"], e["step"]))
+        out.append(
+            {
+                "world_size": e["world_size"],
+                "first_step": e["step"],
+                "last_step": end_step,
+                "seconds": round(end_time - e["time"], 1),
+            }
+        )
+    return out
+
+
+def reduced_line(label: str, stretches: list[dict]) -> str:
+    """One line: where ``label`` trained at fewer participants, e.g. ``faulted: at fewer
+    participants 2 over steps 34-521 (107.3 s), ...; 1,025 steps, 274 s in all``."""
+    parts = [
+        f"{s['world_size']} over steps {s['first_step']}-{s['last_step']} ({s['seconds']:.0f} s)"
+        for s in stretches
+    ]
+    steps = sum(s["last_step"] - s["first_step"] + 1 for s in stretches)
+    secs = sum(s["seconds"] for s in stretches)
+    return f"{label}: at fewer participants {', '.join(parts)}; {steps:,} steps, {secs:.0f} s in all"
+
+
 def val_at_samples(curve: dict, samples: dict, n: float | None) -> float | None:
     """Validation loss of a run interpolated (linearly) at ``n`` samples trained, from its
     evaluation steps (``curve``: step -> val) and ``samples`` (step -> samples trained); None when
@@ -383,6 +427,7 @@ def run_entry(runs_dir: Path, label: str, seed: int, run_id: str, took: dict, fa
     }
     out["samples_curve"] = samples_curve(runs_dir / run_id, list(out["curve"]))
     out["last_fault_step"] = last_fault_step(runs_dir / run_id) if faulted else None
+    out["reduced"] = reduced_stretches(runs_dir / run_id, len(run.hosts)) if faulted else []
     print(
         f"{label}: run {run_id} seed {seed}, {out['steps']} steps, val {out['final_val_loss']}, "
         f"samples {_samples(out['samples'])}, {out['wall_s']} s, "
@@ -415,6 +460,7 @@ def remeasure(run: dict, runs_dir: Path) -> dict:
         "samples": samples_trained(folder),
         "samples_curve": samples_curve(folder, steps),
         "last_fault_step": last_fault_step(folder),
+        "reduced": reduced_stretches(folder, len(load_run(folder).hosts)) if run.get("faults") else [],
     }
 
 
@@ -540,6 +586,7 @@ def table(runs: list[dict]) -> str:
     reused = [f"{r['label']} ({r['run_id']})" for r in runs if r.get("reused")]
     if reused:
         lines.append(f"reused (trained before, wall s and load as recorded then): {', '.join(reused)}")
+    lines += [reduced_line(r["label"], r["reduced"]) for r in runs if r.get("reduced")]
     for r in runs:
         if r.get("last_fault_step") and r.get("steps"):
             lines.append(

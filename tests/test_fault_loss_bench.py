@@ -482,3 +482,29 @@ def test_the_launch_keeps_the_train_overrides_given_with_e(monkeypatch, tmp_path
     launches = [a for a in seen if Path(a[3]).name == "train.yml"]
     last = [json.loads(v) for v in launches[-1][4:][1::2] if v.startswith("{")][-1]
     assert last == {"ddp_job_train_overrides": {"eval_interval": 50, "seed": 1338}}
+
+
+def test_reduced_stretches_are_the_steps_and_seconds_at_fewer_participants(tmp_path):
+    """The figures the faulted run's lag is explained by (last session counted them by hand):
+    steps 3-4 and 7-8 at 2 of 3 participants, the run ending at 2."""
+    run = tmp_path / "r"
+    (run / "laptop-b" / "metrics").mkdir(parents=True)
+    sizes = [3, 3, 2, 2, 3, 3, 2, 2]
+    lines = [
+        json.dumps({"event": "step", "time": 100.0 + 10 * i, "host": "laptop-b", "rank": 0, "step": i + 1,
+                    "world_size": ws, "committed": True})
+        for i, ws in enumerate(sizes)
+    ]  # fmt: skip
+    lines.insert(3, json.dumps({"event": "step", "time": 125.0, "host": "laptop-b", "rank": 0, "step": 4,
+                                "world_size": 1, "committed": False}))  # fmt: skip
+    (run / "laptop-b" / "metrics" / "laptop-b-local0.jsonl").write_text("\n".join(lines) + "\n")
+    got = fl.reduced_stretches(run, 3)
+    assert got == [
+        {"world_size": 2, "first_step": 3, "last_step": 4, "seconds": 20.0},
+        {"world_size": 2, "first_step": 7, "last_step": 8, "seconds": 10.0},
+    ]
+    assert fl.reduced_line("faulted", got) == (
+        "faulted: at fewer participants 2 over steps 3-4 (20 s), 2 over steps 7-8 (10 s); "
+        "4 steps, 30 s in all"
+    )
+    assert fl.reduced_stretches(run, 2) == []
