@@ -11,7 +11,6 @@ renders the run.json a launch would write (roles/ddp_job/vars/main.yml), or site
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -22,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from labharness import REPO, ansible_env, errors, free_port, run_playbooks
+from labharness import REPO, ansible_env, errors, free_port, load_plugin, run_playbooks
 
 sys.path.insert(0, str(REPO / "train"))
 from ddplab import config  # noqa: E402
@@ -49,11 +48,7 @@ RECORDED = {
 
 
 def _filters():
-    path = REPO / "roles" / "validate" / "filter_plugins" / "validate.py"
-    spec = importlib.util.spec_from_file_location("validate_filters_resume", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_plugin("validate_filters_resume", "roles/validate/filter_plugins/validate.py")
 
 
 # --------------------------------------------------------------------------- the merge
