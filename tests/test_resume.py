@@ -361,6 +361,10 @@ def test_an_unknown_run_is_refused_before_the_store_starts(cluster):
             "localhost: ddp_job_ft_manager_port: argument 'ddp_job_ft_manager_port' is of"
             " type str and we were unable to convert to int",
         ),
+        (
+            "validate_mode=bogus",
+            "localhost: validate_mode: value of validate_mode must be one of: preflight, doctor, got: bogus;",
+        ),
         # the other roles' settings: with the rest of the checks, per trainer (firewall's were not checked)
         (
             "ddp_job_start_method=bogus",
