@@ -412,3 +412,32 @@ def test_a_bad_setting_given_is_one_line_not_the_spec(tmp_path: Path, setting, s
     found = errors(out)
     assert len(found) == 1 and found[0].startswith(start), found
     assert "argument_spec_data" not in out and "argument_spec" not in found[0], out[-3000:]
+
+
+def test_a_play_without_validate_judges_the_resume_as_ddp_job_does(cluster, tmp_path: Path):
+    """playbooks/train.yml alone (no validate play): ddp_job's preflight includes the same check,
+    guarded by validate_resume_checked (its task, run here as the preflight runs it)."""
+    preflight = yaml.safe_load((REPO / "roles/ddp_job/tasks/preflight.yml").read_text())
+    (task,) = [
+        t for t in preflight if t.get("ansible.builtin.include_role", {}).get("tasks_from") == "resume"
+    ]
+    play = tmp_path / "preflight.yml"
+    play.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "name": "As ddp_job's preflight",
+                    "hosts": "trainers",
+                    "gather_facts": False,
+                    "roles": [{"role": "ddp_lab"}],
+                    "tasks": [task],
+                }
+            ]
+        )
+    )
+    rc, out = cluster([str(play), _render_play(tmp_path)], "-e", f"ddp_job_resume_run_id={RUN}")
+    assert rc == 0, out[-4000:]
+    assert {int(r["config"]["max_steps"]) for r in _rendered(out).values()} == {2000}
+    assert {r["engine_rdzv"] for r in _rendered(out).values()} == {"per_step"}
+    rc, out = cluster([str(play)], "-e", "ddp_job_resume_run_id=nope")
+    assert rc == 2 and errors(out)[0].startswith("no trainer holds a checkpoint of run nope"), out[-3000:]
