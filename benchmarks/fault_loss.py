@@ -535,6 +535,41 @@ def comparison(runs: list[dict]) -> tuple[list[dict], dict] | None:
     return rows, final
 
 
+def outside_counts(runs: list[dict], label: str, others: list[str]) -> tuple[int, int]:
+    """(evaluation steps where ``label - clean`` lies outside the band of 0 and ``other - clean``
+    for every label in ``others``, evaluation steps judged): steps where a figure is missing are
+    not judged."""
+    curves = {r["label"]: {int(s): v for s, v in r["curve"].items()} for r in runs}
+    clean, run = curves["clean"], curves[label]
+    outside = judged = 0
+    for step in sorted(clean.keys() & run.keys()):
+        diffs = [curves[o][step] - clean[step] for o in others if step in curves[o]]
+        if len(diffs) < len(others):
+            continue
+        judged += 1
+        outside += band_check(run[step] - clean[step], [0.0, *diffs]) != "in"
+    return outside, judged
+
+
+def chance_line(runs: list[dict]) -> str | None:
+    """How often a fault-free seed leaves the band by chance, beside the faulted run against bands
+    of the same size (clean and K-1 seeds): with K noise runs, each seed against the band of clean
+    and the other K-1, and the faulted run against each band of clean and K-1 of them. None with
+    fewer than two noise runs. For i.i.d. runs a new draw falls outside the range of K others with
+    probability 2/(K+1) (order statistics), so a band of K runs is left at about that share of the
+    evaluations by a run that only differs by its seed."""
+    noise = _noise_labels(runs)
+    if len(noise) < 2:
+        return None
+    seeds = [outside_counts(runs, n, [o for o in noise if o != n]) for n in noise]
+    faulted = [outside_counts(runs, "faulted", [o for o in noise if o != n]) for n in noise]
+    judged = max(j for _, j in seeds + faulted)
+    return (f"by chance: each fault-free seed is outside the band of clean and the other "
+            f"{len(noise) - 1} at {', '.join(str(o) for o, _ in seeds)} of {judged} evaluation steps; "
+            f"the faulted run, against each band of the same size, at "
+            f"{', '.join(str(o) for o, _ in faulted)}")
+
+
 def verdict(runs: list[dict]) -> str:
     """One line: is ``faulted - clean`` inside the noise band at the final evaluation, and at how
     many of the evaluation steps where every figure exists."""
@@ -555,6 +590,9 @@ def verdict(runs: list[dict]) -> str:
             f"{word[final['where']]} the noise band [{_d(band[0])}, {_d(band[1])}] of {k} other seed(s)"
         )
     line = f"{head}; inside at {inside} of {len(judged)} evaluation steps"
+    chance = chance_line(runs)
+    if chance:
+        line += "\n" + chance
     if final["cost_same"] is not None:
         line += (
             f"\nat equal samples: faulted - clean {_d(final['cost_same'])} nats at the final evaluation "

@@ -508,3 +508,25 @@ def test_reduced_stretches_are_the_steps_and_seconds_at_fewer_participants(tmp_p
         "4 steps, 30 s in all"
     )
     assert fl.reduced_stretches(run, 2) == []
+
+
+def test_verdict_says_how_often_a_fault_free_seed_leaves_a_band_of_the_same_size():
+    # evaluations at steps 1-4; val - clean: noise1 +0.01 each, noise2 +0.02 each; noise3 +0.05 at
+    # step 1, else 0; faulted +0.03 at steps 1-2, 0 at 3-4
+    clean = _run("clean", 1, {"1": 2.0, "2": 2.0, "3": 2.0, "4": 2.0}, 2.0)
+    noise = [
+        _run("noise1", 2, {"1": 2.01, "2": 2.01, "3": 2.01, "4": 2.01}, 2.01),
+        _run("noise2", 3, {"1": 2.02, "2": 2.02, "3": 2.02, "4": 2.02}, 2.02),
+        _run("noise3", 4, {"1": 2.05, "2": 2.0, "3": 2.0, "4": 2.0}, 2.0),
+    ]
+    faulted = _run("faulted", 1, {"1": 2.03, "2": 2.03, "3": 2.0, "4": 2.0}, 2.0)
+    runs = [clean, faulted, *noise]
+    # noise1 inside [0, +0.05] at 1, [0, +0.02] else: 0; noise2 outside [0, +0.01] at 2-4: 3;
+    # noise3 outside [0, +0.02] at 1: 1. faulted: without noise1 out at 2, without noise2 out at 2,
+    # without noise3 ([0, +0.02]) out at 1-2
+    assert [fl.outside_counts(runs, n["label"], [o["label"] for o in noise if o is not n])
+            for n in noise] == [(0, 4), (3, 4), (1, 4)]
+    want = ("by chance: each fault-free seed is outside the band of clean and the other 2 at 0, 3, 1 of 4 "
+            "evaluation steps; the faulted run, against each band of the same size, at 1, 1, 2")
+    assert want in fl.verdict(runs)
+    assert fl.chance_line(runs[:3]) is None  # one noise run: no band of the same size to compare
