@@ -38,6 +38,7 @@ from ddplab.records import (
     by_time,
     events_of,
     num,
+    read_jsonl,
     read_metrics_dir,
     read_new_lines,
 )
@@ -130,16 +131,24 @@ def newest_start_record(path: str | Path, end: int) -> dict[str, Any] | None:
 def read_node_metrics(metrics_dir: str | Path,
                       tail_bytes: int = TAIL_BYTES) -> tuple[list[dict[str, Any]], int]:
     """``(records, lines skipped)`` of every ``metrics_dir/*.jsonl`` for the node's state, sorted
-    by time: the last ``tail_bytes`` of each file (:func:`ddplab.records.read_metrics_dir`) and,
-    of a longer file, also the newest ``start`` record before that tail (:func:`newest_start_record`;
-    a newer one in the tail wins), so a long run keeps its run id, max_steps and engine whatever
-    the file's length. ``([], 0)`` without the folder; raises OSError when a file cannot be read."""
-    records, skipped = read_metrics_dir(metrics_dir, tail_bytes=tail_bytes)
+    by time: the last ``tail_bytes`` of each file (:func:`ddplab.records.read_jsonl`) and, of a
+    longer file whose tail holds no ``start`` record, also the newest one before that tail
+    (:func:`newest_start_record`), so a long run keeps its run id, max_steps and engine whatever
+    the file's length, and a file whose tail has its start is not searched. ``([], 0)`` without
+    the folder; raises OSError when a file cannot be read."""
+    records: list[dict[str, Any]] = []
+    skipped = 0
+    if not Path(metrics_dir).is_dir():
+        return records, skipped
     for path in sorted(Path(metrics_dir).glob("*.jsonl")):
+        tail, bad = read_jsonl(path, tail_bytes)
+        records += tail
+        skipped += bad
         size = path.stat().st_size
-        start = newest_start_record(path, size - tail_bytes) if size > tail_bytes else None
-        if start is not None:
-            records.append(start)
+        if size > tail_bytes and not events_of(tail, "start"):
+            start = newest_start_record(path, size - tail_bytes)
+            if start is not None:
+                records.append(start)
     return by_time(records), skipped
 
 
