@@ -109,7 +109,8 @@ def test_sample_and_result(run_dir):
 
 def test_store_stopped_after_the_job():
     # the scenario's own state folder (extra_vars.yml), never the project's runs/.rdzv
-    assert not (Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "rdzv" / f"store-{RDZV_PORT}.json").exists()
+    rdzv = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "rdzv"
+    assert not (rdzv / f"store-{RDZV_PORT}.json").exists()
 
 
 def test_live_report_copies_and_final_report(summary, run_dir):
