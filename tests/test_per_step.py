@@ -233,3 +233,36 @@ def test_the_group_quorum_id_is_read_from_its_file_else_the_checkpoint(tmp_path)
     assert trainer.read_group_quorum_id() == 8  # kept at every change: newer than a checkpoint
     (tmp_path / GROUP_QUORUM_FILE).write_text("{")  # torn or foreign: the checkpoint's
     assert trainer.read_group_quorum_id() == 5
+
+
+class VoteOutlivedItsDeadline:
+    """A Manager whose vote call raises as torchft's does when the worker was frozen in it."""
+
+    def __init__(self) -> None:
+        self.errors: list[Exception] = []
+
+    def current_step(self) -> int:
+        return 4
+
+    def should_commit(self) -> bool:
+        raise TimeoutError('status: Cancelled, message: "Timeout expired"')
+
+    def report_error(self, exc: Exception) -> None:
+        self.errors.append(exc)
+
+
+def test_a_vote_whose_call_timed_out_is_a_step_not_committed_not_a_crash():
+    """CI, 2026-12-01: a replica frozen while it voted was thawed after its ft_timeout_s; the
+    TimeoutError ended its worker (exit 1) instead of the step being retried."""
+    import torch
+    from ddplab.ft import Replica
+    from torchft.optim import OptimizerWrapper
+
+    param = torch.nn.Parameter(torch.ones(3))
+    param.grad = torch.ones(3)
+    replica = Replica.__new__(Replica)
+    replica.manager = VoteOutlivedItsDeadline()
+    replica.optimizer = OptimizerWrapper(replica.manager, torch.optim.SGD([param], lr=0.5))
+    assert replica.commit() is False
+    assert torch.equal(param.detach(), torch.ones(3))  # no update applied
+    assert [type(e) for e in replica.manager.errors] == [TimeoutError]

@@ -327,10 +327,19 @@ class Replica:
     def commit(self) -> bool:
         """Vote on the step; apply the optimizer update when every participant commits.
 
-        Returns True when the step was committed (the Manager's step advanced by one).
+        Returns True when the step was committed (the Manager's step advanced by one); False
+        when it was not, also when the vote's call to this replica group's own Manager server
+        outlived ``ft_timeout_s`` (torchft raises TimeoutError): a worker frozen in the vote
+        (SIGSTOP, a closed lid) finds its deadline passed when it is thawed. Nothing was applied
+        then (the update comes after the vote), so the step is retried with the next quorum,
+        as for any failed vote, instead of ending the worker.
         """
         before = self.manager.current_step()
-        self.optimizer.step()
+        try:
+            self.optimizer.step()
+        except TimeoutError as exc:
+            self.manager.report_error(exc)
+            return False
         return self.manager.current_step() == before + 1
 
     @property
