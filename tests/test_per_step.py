@@ -3,6 +3,7 @@ per-step global batch and LR, and where a replica's addresses come from (ddplab.
 
 from __future__ import annotations
 
+import json
 import random
 import time
 
@@ -220,19 +221,29 @@ def test_a_restarted_worker_compares_its_first_quorum_with_the_kept_one(kept, fi
     assert replica.group_quorum_id == (kept if cut_off else first)
 
 
-def test_the_group_quorum_id_is_read_from_its_file_else_the_checkpoint(tmp_path):
+def test_the_group_quorum_id_is_read_from_the_file_this_agent_wrote_only(tmp_path):
+    """A worker torchrun restarted knows the last group quorum (same agent); a new launch does
+    not: a per_step resume starts a new lighthouse whose ids start again, and compared with the
+    old ids every replica was 'cut off from quorum 1 to quorum 46' and none trained (newcomer,
+    2026-12-01: before this, the file and the checkpoint's id were read by any launch)."""
     from ddplab.config import build_config
     from ddplab.distributed import DistEnv
-    from ddplab.train import GROUP_QUORUM_FILE, Trainer
+    from ddplab.train import GROUP_QUORUM_FILE, Trainer, agent_identity
 
     trainer = Trainer(build_config({**PER_STEP, "out_dir": str(tmp_path)}), DistEnv.from_environ())
     assert trainer.read_group_quorum_id() is None
-    trainer.checkpoint_quorum_id = 5
-    assert trainer.read_group_quorum_id() == 5
-    (tmp_path / GROUP_QUORUM_FILE).write_text('{"quorum_id": 8, "step": 120}\n')
-    assert trainer.read_group_quorum_id() == 8  # kept at every change: newer than a checkpoint
-    (tmp_path / GROUP_QUORUM_FILE).write_text("{")  # torn or foreign: the checkpoint's
-    assert trainer.read_group_quorum_id() == 5
+    kept = tmp_path / GROUP_QUORUM_FILE
+    kept.write_text(json.dumps({"quorum_id": 8, "step": 120, "agent": agent_identity()}) + "\n")
+    assert trainer.read_group_quorum_id() == 8  # this agent's: a torchrun restart
+    kept.write_text(json.dumps({"quorum_id": 1, "step": 500, "agent": "4242:1764570000.000"}) + "\n")
+    assert trainer.read_group_quorum_id() is None  # an earlier launch's (a resume, a rejoin)
+    replica = replica_at(trainer.read_group_quorum_id())
+    quorum(replica, 46)  # the new lighthouse's first quorum this replica sees
+    assert replica.cut_off is None and replica.group_quorum_id == 46
+    kept.write_text(json.dumps({"quorum_id": 8, "step": 120}) + "\n")  # written before agents were named
+    assert trainer.read_group_quorum_id() is None
+    kept.write_text("{")  # torn
+    assert trainer.read_group_quorum_id() is None
 
 
 class VoteOutlivedItsDeadline:

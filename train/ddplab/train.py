@@ -174,6 +174,15 @@ def _atomic_write_text(path: Path, text: str) -> None:
                           "set another out_dir") from None
 
 
+def agent_identity() -> str:
+    """``"<pid>:<start time>"`` of this worker's parent, the torchrun agent that started it: the
+    same for every worker one agent starts (its restarts), another for each launch of the job."""
+    import psutil
+
+    parent = psutil.Process(os.getppid())
+    return f"{parent.pid}:{parent.create_time():.3f}"
+
+
 class Trainer:
     """One worker's run: setup, agreement, training loop, evaluation, checkpoints, metrics."""
 
@@ -204,9 +213,8 @@ class Trainer:
         # per_step: the first commit of this session waits for ft_start_replicas (start barrier)
         self.session_commits = 0
         self.start_wait_began: float | None = None  # first attempt held back by the barrier
-        # per_step: the group quorum id of the checkpoint resumed from, and the one last kept on
-        # disk (GROUP_QUORUM_FILE); a cut-off replica's wait for a peer has been announced
-        self.checkpoint_quorum_id: int | None = None
+        # per_step: the group quorum id last kept on disk (GROUP_QUORUM_FILE); a cut-off
+        # replica's wait for a peer has been announced
         self.kept_quorum_id: int | None = None
         self.announced_cut_off = False
         self.waited_for_quorum_id: int | None = None  # see previous_cut_off
@@ -283,7 +291,6 @@ class Trainer:
         )
         if state is not None:
             self.apply_state(state)
-            self.checkpoint_quorum_id = state.get("ft_group_quorum_id")  # per_step, else absent
             if env.local_rank == 0 and not agreement.local_has_it:
                 # this node rejoined without that checkpoint: keep a local copy right away
                 with self.guard.critical():
@@ -514,15 +521,20 @@ class Trainer:
 
     def read_group_quorum_id(self) -> int | None:
         """per_step: the last quorum this replica took part in with the group before this worker
-        started: GROUP_QUORUM_FILE (kept at every change, so a worker restarted by torchrun or
-        by the node knows it even without a newer checkpoint), else the resumed checkpoint's;
-        None for a first start (or an unreadable file: nothing to tell, nothing refused)."""
+        started, as GROUP_QUORUM_FILE keeps it (at every change), when the same agent wrote it:
+        a worker torchrun restarted (a lighthouse that could not be reached, a cut-off wait) knows
+        it. None otherwise: a first start, an unreadable file, or a file of an earlier agent. A
+        new agent is a new launch (a resume, whose lighthouse is new and numbers its quorums from
+        1 again, or a rejoin), and quorum ids of another lighthouse say nothing: compared with
+        them, every replica of a per_step resume was 'cut off' and none trained (newcomer,
+        2026-12-01). The checkpoint's id is kept for the record only, for the same reason."""
         try:
-            kept = json.loads((self.out / GROUP_QUORUM_FILE).read_text()).get("quorum_id")
-        except (OSError, ValueError, AttributeError):
-            kept = None
-        kept = kept if isinstance(kept, int) else self.checkpoint_quorum_id
-        return kept if isinstance(kept, int) else None
+            kept = json.loads((self.out / GROUP_QUORUM_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(kept, dict) or kept.get("agent") != agent_identity():
+            return None
+        return kept["quorum_id"] if isinstance(kept.get("quorum_id"), int) else None
 
     def previous_cut_off(self) -> int | None:
         """per_step: when the attempt before this torchrun restart stopped cut off (its
@@ -547,7 +559,8 @@ class Trainer:
             return
         _atomic_write_text(self.out / GROUP_QUORUM_FILE, json.dumps(
             {"quorum_id": quorum_id, "replica_id": self.replica.replica_id, "step": self.step,
-             "lighthouse": self.cfg.ft_lighthouse, "time": round(time.time(), 3)}) + "\n")
+             "lighthouse": self.cfg.ft_lighthouse, "agent": agent_identity(),
+             "time": round(time.time(), 3)}) + "\n")
         self.kept_quorum_id = quorum_id
 
     def wait_for_the_group(self, participants: int) -> None:
