@@ -77,6 +77,22 @@ def test_resume_takes_the_runs_settings():
     assert "run_id" not in s and "threads" not in s and "ft_replica_id" not in s
 
 
+def test_a_run_already_at_its_max_steps_is_refused_when_none_is_given():
+    """newcomer, 2026-12-01: a resume of a per_step run at 500/500 without -e ddp_job_max_steps
+    said 'newest checkpoint step 500 ... max_steps 500' and launched the agents anyway (one
+    ended at once, one sat at step 58, one ran until stopped)."""
+    names = {"max_steps": "ddp_job_max_steps"}
+    plan = config.resume_plan(RUN, RECORDED, {}, 2000, names)
+    assert plan.conflicts == [f"run {RUN} has reached its max_steps 2000 (newest checkpoint step 2000): "
+                              "nothing to resume; fix: give ddp_job_max_steps above 2000 to train it further"]
+    # a given max_steps at or below the step reached: the fix no longer offers the run's own
+    plan = config.resume_plan(RUN, RECORDED, {"max_steps": 2000}, 2000, names)
+    assert plan.conflicts == [f"ddp_job_max_steps: given 2000, run {RUN} has reached step 2000 (its newest "
+                              "checkpoint); fix: a max_steps above 2000"]
+    assert config.resume_plan(RUN, RECORDED, {}, 1999, names).conflicts == []
+    assert config.resume_plan(RUN, RECORDED, {}, None, names).conflicts == []  # step unknown
+
+
 def test_a_changeable_setting_given_is_used_and_named():
     plan = config.resume_plan(
         RUN, RECORDED, {"max_steps": "3000", "eval_interval": 50}, 1100, {"max_steps": "ddp_job_max_steps"}

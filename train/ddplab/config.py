@@ -312,11 +312,17 @@ def resume_plan(run_id: str, recorded: dict[str, Any], given: dict[str, Any],
             changes.append(f"{shown} {old!r} -> {value!r}")
     settings = {k: getattr(run, k) for k in RESUME_FIELDS if k not in given}
     max_steps = coerced.get("max_steps")
+    shown = names.get("max_steps", "max_steps")
     if reached_step is not None and isinstance(max_steps, int) and max_steps <= reached_step:
-        shown = names.get("max_steps", "max_steps")
+        rest = (f", or leave it out to resume to the run's {run.max_steps}"
+                if run.max_steps > reached_step else "")
         conflicts.append(f"{shown}: given {max_steps}, run {run_id} has reached step {reached_step} (its "
-                         f"newest checkpoint); fix: a max_steps above {reached_step}, or leave it out to "
-                         f"resume to the run's {run.max_steps}")
+                         f"newest checkpoint); fix: a max_steps above {reached_step}{rest}")
+    elif reached_step is not None and max_steps is None and run.max_steps <= reached_step:
+        # the run's own max_steps, taken when none is given: nothing is left to train
+        conflicts.append(f"run {run_id} has reached its max_steps {run.max_steps} (newest checkpoint "
+                         f"step {reached_step}): nothing to resume; fix: give {shown} above "
+                         f"{reached_step} to train it further")
     if not conflicts:
         try:
             build_config({**recorded, **settings, **given})
