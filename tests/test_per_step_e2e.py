@@ -135,10 +135,13 @@ def first_at(replicas: list[Replica], participants: int, since: float) -> float 
     return min(times) if times else None
 
 
-def assert_samples_distinct(replicas: list[Replica]) -> int:
+def assert_samples_distinct(replicas: list[Replica], faults: int = 1) -> int:
     """Every sample index is taken by at most one participant of one committed step; every
-    committed step whose participants all logged it covers its block without a gap. Returns
-    the number of committed steps checked."""
+    committed step whose participants all logged it covers its block without a gap; at most
+    ``faults`` committed steps lack a participant's record (per fault one: a replica killed
+    between its commit and its record, or one whose vote failed, frozen in it, while its peers
+    committed: it is healed from them at the next quorum). Returns the number of committed steps
+    checked."""
     by_step: dict[int, list[dict]] = {}
     for rep in replicas:
         for r in rep.committed():
@@ -160,7 +163,7 @@ def assert_samples_distinct(replicas: list[Replica]) -> int:
             assert covered == list(range(end - records[0]["global_batch_size"], end)), step
         else:
             incomplete += 1  # the killed replica died between its commit and its record
-    assert incomplete <= 1, f"{incomplete} committed steps lack a participant's record"
+    assert incomplete <= faults, f"{incomplete} committed steps lack a participant's record"
     return len(by_step)
 
 
@@ -364,7 +367,7 @@ def test_freeze_thaw_and_a_local_worker_restart(tmp_path, data_path, lighthouse)
     rejoined = victim.committed(restarted["time"])[0]["step"]
     after = {s: v for s, v in val_losses(victim).items() if s > rejoined}
     assert after and all(val_losses(survivors[0]).get(s) == v for s, v in after.items()), after
-    assert assert_samples_distinct(reps) >= 40
+    assert assert_samples_distinct(reps, faults=2) >= 40  # a freeze and a kill
 
 
 def test_whole_cluster_restart_resumes_from_the_nodes_checkpoints(tmp_path, data_path, lighthouse):
