@@ -362,6 +362,20 @@ def nodes_untouched(lab: Lab, marker: str) -> Iterator[None]:
                 node_exec(lab, host, "sh", "-c", f"cat > {marker}", stdin=old.stdout)
 
 
+def local_controller(tmp_path: Path, port: int | None = None) -> dict:
+    """The rendezvous group of a controller-side test's inventory: this machine as ``controller``
+    (local connection, this interpreter) at a TEST-NET address that is never dialled, with a store
+    port (``port``, else a :func:`free_port`) and a store state folder of the test's own."""
+    return {
+        "controller": {
+            "ansible_connection": "local",
+            "ansible_python_interpreter": sys.executable,
+            "rendezvous_address": "192.0.2.10",
+            "rendezvous_port": free_port() if port is None else port,
+            "rendezvous_state_dir": str(tmp_path / "rdzv"),
+        }
+    }
+
 def write_inventory(
     lab: Lab,
     path: Path,

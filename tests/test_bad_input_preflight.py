@@ -42,6 +42,7 @@ from labharness import (
     errors,
     free_port,
     lab_or_skip,
+    local_controller,
     node_exec,
     nodes_untouched,
     recap,
@@ -228,16 +229,7 @@ def controller_case(tmp_path: Path):
         children: dict = {"trainers": {"hosts": hosts}}
         if rendezvous is None or rendezvous:
             children["rendezvous"] = {
-                "hosts": rendezvous
-                or {
-                    "controller": {
-                        "ansible_connection": "local",
-                        "ansible_python_interpreter": sys.executable,
-                        "rendezvous_address": "192.0.2.10",
-                        "rendezvous_port": free_port(),
-                        "rendezvous_state_dir": str(tmp_path / "rdzv"),
-                    }
-                }
+                "hosts": rendezvous or local_controller(tmp_path)
             }
         path = tmp_path / "hosts.yml"
         path.write_text(yaml.safe_dump({"all": {"children": children}}, sort_keys=False))
@@ -306,15 +298,7 @@ def test_port_held_by_another_program_and_corrupt_dataset(controller_case, tmp_p
     bad = tmp_path / "input.txt"
     bad.write_text("not tiny shakespeare\n")
     port = free_port()
-    rdzv = {
-        "controller": {
-            "ansible_connection": "local",
-            "ansible_python_interpreter": sys.executable,
-            "rendezvous_address": "192.0.2.10",
-            "rendezvous_port": port,
-            "rendezvous_state_dir": str(tmp_path / "rdzv"),
-        }
-    }
+    rdzv = local_controller(tmp_path, port)
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", port))
         listener.listen()
@@ -378,15 +362,7 @@ def test_port_held_by_a_store_this_checkout_does_not_manage(controller_case, tmp
     such, with the command that stops it."""
     port = free_port()
     elsewhere = tmp_path / "other-checkout-rdzv"
-    rdzv = {
-        "controller": {
-            "ansible_connection": "local",
-            "ansible_python_interpreter": sys.executable,
-            "rendezvous_address": "192.0.2.10",
-            "rendezvous_port": port,
-            "rendezvous_state_dir": str(tmp_path / "rdzv"),
-        }
-    }
+    rdzv = local_controller(tmp_path, port)
     with _store("127.0.0.1", port, elsewhere):
         rc, out, _ = controller_case(None, rdzv)
     assert_stopped_before_changes(rc, out, ["t-a"], contacted=False)

@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from labharness import REPO, ansible_env, errors, free_port, load_plugin, run_playbooks
+from labharness import REPO, ansible_env, errors, free_port, load_plugin, local_controller, run_playbooks
 
 sys.path.insert(0, str(REPO / "train"))
 from ddplab import config  # noqa: E402
@@ -397,15 +397,7 @@ def test_a_bad_setting_given_is_one_line_not_the_spec(tmp_path: Path, setting, s
     """Newcomer: -e ddp_job_fault_tolerance=bogus printed the right message, then ~3.9 KB of the
     ddp_lab role's argument spec (its own check at its start, before the validate role's)."""
     trainers = {"t-a": {"ansible_host": "192.0.2.11", "ansible_connection": "ssh"}}
-    rdzv = {
-        "controller": {
-            "ansible_connection": "local",
-            "ansible_python_interpreter": sys.executable,
-            "rendezvous_address": "192.0.2.10",
-            "rendezvous_port": free_port(),
-            "rendezvous_state_dir": str(tmp_path / "rdzv"),
-        }
-    }
+    rdzv = local_controller(tmp_path)
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(
         yaml.safe_dump(
