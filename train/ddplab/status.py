@@ -96,6 +96,49 @@ def job_state(unit: Mapping[str, str], records: Sequence[Record]) -> str:
     return "succeeded" if events_of(records, "end") else "absent"
 
 
+# job_state words, and past_run_state's own: a run whose agent ended without an end or failure
+# record (SIGKILL, power loss) or whose launch another run's replaced before it wrote one
+PAST_STATES = ("succeeded", "failed", "interrupted")
+
+
+def past_run_state(records: Sequence[Record]) -> str:
+    """How a run whose agent no longer runs for it ended, from its records alone: ``succeeded``
+    (an ``end`` record after its newest ``start``), ``failed`` (a ``failure`` record after it and no
+    end), else ``interrupted`` (see :data:`PAST_STATES`). A resumed run's earlier launches do not
+    count."""
+    since = max((num(r.get("time")) or 0.0 for r in events_of(records, "start")), default=0.0)
+    newer = [r for r in records if (num(r.get("time")) or since) >= since]
+    if events_of(newer, "end"):
+        return "succeeded"
+    return "failed" if events_of(newer, "failure") else "interrupted"
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def unit_holds_run(out_dir: Path, unit: Mapping[str, str]) -> bool | None:
+    """Whether the agent unit's current invocation is a launch of the run of ``out_dir``
+    (``<base>/runs/<run id>``): its InvocationID is among the run's ``invocations`` (the launch
+    records each, roles/ddp_job tasks/launch.yml), or, in the seconds before the launch records it,
+    the node's ``<base>/current_run`` (written before the launch) names the run. False: the unit
+    belongs to another run (a later launch), so its state says nothing of this one. None: not known
+    (no unit, no invocation id, neither file)."""
+    inv = unit.get("InvocationID") if unit else None
+    if not inv:
+        return None
+    ids = set((_read_text(out_dir / "invocations") or "").split())
+    if inv in ids:
+        return True
+    current = _read_text(out_dir.parent.parent / "current_run")
+    if current is None or not current.strip():
+        return False if ids else None
+    return current.strip() == out_dir.name
+
+
 def newest_start_record(path: str | Path, end: int) -> dict[str, Any] | None:
     """The newest ``start`` record of the metrics file ``path`` whose line begins before byte
     ``end`` (the run id, max_steps and engine of a launch: they are written once, at its start), or
@@ -258,9 +301,16 @@ def agent(unit: Mapping[str, str]) -> dict[str, Any]:
 def progress(out_dir: Path, unit: str | None, host: str | None = None,
              injection: faults.Injection | None = None) -> dict[str, Any]:
     """The state of the job on this node: ``{host, state, unit, agent, progress, line, workers,
-    records, skipped_lines, run_dir}`` (see :func:`job_state`, :func:`agent`, :func:`node_progress`;
-    ``workers``: :func:`ddplab.faults.newest_per_worker`; ``run_dir``: whether ``out_dir`` exists,
-    i.e. whether this node holds the run: the launch makes it before the agent starts).
+    records, skipped_lines, run_dir, unit_holds_run, run_state, current_run}`` (see
+    :func:`job_state`, :func:`agent`, :func:`node_progress`; ``workers``:
+    :func:`ddplab.faults.newest_per_worker`; ``run_dir``: whether ``out_dir`` exists, i.e. whether
+    this node holds the run: the launch makes it before the agent starts).
+
+    ``state`` is the agent unit's, whichever run it belongs to (the launch's preflight and stop.yml
+    act on the unit); ``run_state`` is the run's own: the same while the unit holds the run
+    (:func:`unit_holds_run`), else, when the unit belongs to another run or is gone, how the run
+    ended by its records (:func:`past_run_state`). ``current_run``: the node's current_run (the
+    run its newest launch shipped), None when it has none.
 
     Without ``injection``, only the tail of each metrics file and its newest start record are read
     (:func:`read_node_metrics`) and only the records written since the unit's current start count
@@ -274,14 +324,22 @@ def progress(out_dir: Path, unit: str | None, host: str | None = None,
     else:
         records, skipped = read_metrics_dir(out_dir / "metrics")
     u = unit_state(unit) if unit else {}
+    holds = unit_holds_run(out_dir, u) if injection is None else None
     since = unit_started_at(u)
-    if since is not None and injection is None:
+    if since is not None and injection is None and holds is not False:
         records = [r for r in records if (num(r.get("time")) or 0.0) >= since - 1.0]
     state = job_state(u, records)
+    # the run's own state: the unit's, unless the unit is another run's or gone (then its records')
+    run_state = state
+    if holds is False or (state == "absent" and records):
+        run_state = past_run_state(records)
     p = node_progress(records)
+    current = _read_text(out_dir.parent.parent / "current_run")
     out = {"host": host, "state": state, "unit": u, "agent": agent(u), "progress": p,
            "line": format_progress(host, p, state), "workers": faults.newest_per_worker(records),
-           "records": len(records), "skipped_lines": skipped, "run_dir": out_dir.is_dir()}
+           "records": len(records), "skipped_lines": skipped, "run_dir": out_dir.is_dir(),
+           "unit_holds_run": holds, "run_state": run_state,
+           "current_run": (current or "").strip() or None}
     if injection is not None:
         m = faults.measure(injection, records)
         out["phase"] = faults.progress_phase(m, out["agent"]["running"])

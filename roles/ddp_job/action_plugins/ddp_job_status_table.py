@@ -49,7 +49,8 @@ ARGS = {
 
 # ddplab.status job states (and the plugin's own) -> the word in the table
 AGENT = {"running": "running", "succeeded": "ended", "failed": "failed", "absent": "no job",
-         "unreachable": "unreachable", "error": "error", "stopped": "stopped"}
+         "unreachable": "unreachable", "error": "error", "stopped": "stopped",
+         "interrupted": "interrupted"}
 # agent words that make status.yml exit non-zero
 BAD = ("failed", "unreachable", "error")
 COLUMNS = ("node", "agent", "run", "step", "loss", "val", "ws", "rank", "tok/s", "restarts",
@@ -73,10 +74,15 @@ def row_of(host: str, res: Mapping[str, Any] | None, stop: Mapping[str, Any] | N
     """
     res = res or {}
     state = "absent" if res.get("skipped") or not res.get("state") else str(res["state"])
+    # the unit is another (later) run's, or gone: the run's own state from its records
+    # (ddplab.status run_state: succeeded | failed | interrupted)
+    if state not in ("unreachable", "error") and res.get("run_state") and (
+            res.get("unit_holds_run") is False or state == "absent"):
+        state = str(res["run_state"])
     p = res.get("progress") or {}
     failure = p.get("failure") or ""
     # stop.yml's SIGTERM fails the unit, or ends it cleanly (then systemd drops it: absent)
-    if state in ("failed", "absent") and host in ((stop or {}).get("hosts") or []):
+    if state in ("failed", "absent", "interrupted") and host in ((stop or {}).get("hosts") or []):
         state = "stopped"
         when = time.strftime("%H:%M:%S", time.localtime(float(stop.get("time") or 0)))
         failure = f"stopped by stop.yml at {when}"
@@ -90,6 +96,8 @@ def row_of(host: str, res: Mapping[str, Any] | None, stop: Mapping[str, Any] | N
         failure = failure.rsplit("reached over ssh: ", 1)[-1]
     total = p.get("max_steps") or "?"
     step = "-" if p.get("step") is None else f"{p['step']}/{total}"
+    if state == "running" and p.get("step") is None:  # right after a launch: rendezvous, data, model
+        step = "no step yet" if p.get("run_id") else "starting"
     return {
         "node": host,
         "agent": AGENT.get(state, state),
@@ -182,6 +190,21 @@ def render(rows: Sequence[Mapping[str, str]], store: Mapping[str, Any], run_id: 
     return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()).strip("\n")
 
 
+def other_run_note(nodes: Mapping[str, Any], run_id: str = "") -> str:
+    """One line when the run looked at is not the one the laptops' agent units belong to (an
+    older run: ``status.yml -e run_id=<older run>``), naming the run each of those laptops runs
+    (ddplab.status ``current_run``); "" otherwise."""
+    others: dict[str, list[str]] = {}
+    for host, res in nodes.items():
+        if (res or {}).get("unit_holds_run") is False:
+            others.setdefault(str(res.get("current_run") or "another run"), []).append(host)
+    if not others:
+        return ""
+    where = "; ".join(f"{', '.join(hosts)}: run {run}" for run, hosts in sorted(others.items()))
+    return (f"run {run_id or '?'} is not the laptops' current job (their agent unit belongs to {where}): "
+            "its rows are read from its own records (ended, failed, interrupted, stopped)")
+
+
 def bad_nodes(rows: Sequence[Mapping[str, str]]) -> list[str]:
     """``node: agent`` of every row whose state makes status.yml fail (failed, unreachable, error)."""
     return [f"{r['node']}: {r['agent']}" for r in rows if r["agent"] in BAD]
@@ -198,6 +221,8 @@ class ActionModule(ActionBase):
         _, args = self.validate_argument_spec(argument_spec=ARGS)
         rows = [row_of(h, r, args["stop"]) for h, r in args["nodes"].items()]
         text = render(rows, args["store"], args["run_id"], args["width"], args["lighthouse"])
+        note = other_run_note(args["nodes"], args["run_id"])
+        text += f"\n{note}" if note else ""
         display.display(text)
         bad = bad_nodes(rows)
         if bad:  # one line under the table: the failed result carries nothing else

@@ -359,5 +359,8 @@ class ActionModule(ActionBase):
                        "elapsed_s": round(time.monotonic() - start, 1), "progress": progress,
                        "unit": doc.get("unit", {}), "line": doc.get("line", ""),
                        "workers": doc.get("workers", []), "stop_cause": progress.get("stop_cause"),
-                       "run_dir": doc.get("run_dir")})  # None: not known (node not read)
+                       "run_dir": doc.get("run_dir"),  # None: not known (node not read)
+                       # the run's own state when the unit is another run's or gone (ddplab.status)
+                       "unit_holds_run": doc.get("unit_holds_run"), "run_state": doc.get("run_state"),
+                       "current_run": doc.get("current_run")})
         return result

@@ -1,0 +1,116 @@
+"""status.yml, attach.yml and collect.yml on a run that is not the laptops' current job, or not
+running: an older run's rows come from its own records (not the unit of a later launch), a
+stopped run whose unit systemd dropped is collected by attach.yml, collect says which run it takes
+and refuses a running one unless a snapshot is asked for (issue 14, newcomer's findings)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from ddplab import status as st
+from test_status_table import PLAYBOOK, RUN_ID, UNITS, _case, _play, recs, table
+
+OLD, NEW = RUN_ID, "20261201-101500-beef"
+
+
+def _lines(r: list[dict]) -> str:
+    return "".join(json.dumps(x) + "\n" for x in r)
+
+
+def test_past_run_state_from_the_records_of_the_newest_launch():
+    done = recs("a", 0, 10, end=True)
+    assert st.past_run_state(done) == "succeeded"
+    assert st.past_run_state(recs("a", 0, 10, failure="boom")) == "failed"
+    assert st.past_run_state(recs("a", 0, 10)) == "interrupted"
+    # a resumed run: the end of its first launch does not count for the second
+    later = [{**r, "time": r["time"] + 1000} for r in recs("a", 0, 3)]
+    assert st.past_run_state(done + later) == "interrupted"
+
+
+def test_unit_holds_run_by_invocation_then_current_run(tmp_path):
+    run = tmp_path / "runs" / OLD
+    run.mkdir(parents=True)
+    unit = {"LoadState": "loaded", "InvocationID": "inv-new"}
+    assert st.unit_holds_run(run, {}) is None
+    assert st.unit_holds_run(run, unit) is None  # nothing recorded anywhere
+    (run / "invocations").write_text("inv-old\n")
+    assert st.unit_holds_run(run, unit) is False
+    (tmp_path / "current_run").write_text(f"{OLD}\n")  # launched, its invocation not recorded yet
+    assert st.unit_holds_run(run, unit) is True
+    (tmp_path / "current_run").write_text(f"{NEW}\n")
+    assert st.unit_holds_run(run, unit) is False
+    (run / "invocations").write_text("inv-old\ninv-new\n")
+    assert st.unit_holds_run(run, unit) is True
+
+
+def _two_runs(tmp_path: Path, old_end: bool = True) -> tuple[Path, dict]:
+    """Two local laptops whose agent unit runs run NEW (invocation inv-new, current_run NEW) while
+    the older run OLD (invocation inv-old) ended on both: its records hold an end (or not)."""
+    inv, env = _case(tmp_path, {"laptop-x": "running", "laptop-y": "running"})
+    data = json.loads(inv.read_text())
+    del data["all"]["children"]["trainers"]["hosts"]["laptop-off"]
+    inv.write_text(json.dumps(data))
+    for i, host in enumerate(("laptop-x", "laptop-y")):
+        show = tmp_path / "units" / f"agent-{host}.show"
+        show.write_text(show.read_text() + "InvocationID=inv-new\n")
+        base = tmp_path / "base" / host
+        old = recs(host, i, 300 if old_end else 120, end=old_end)
+        old = [{**r, "time": r["time"] - 3600} for r in old]  # an hour before the new launch
+        (base / "runs" / OLD / "metrics" / f"{host}-local0.jsonl").write_text(_lines(old))
+        (base / "runs" / OLD / "invocations").write_text("inv-old\n")
+        new = base / "runs" / NEW / "metrics"
+        new.mkdir(parents=True)
+        (new / f"{host}-local0.jsonl").write_text(_lines(
+            [{**r, "run_id": NEW} for r in recs(host, i, 20)]))
+        (base / "runs" / NEW / "invocations").write_text("inv-new\n")
+        (base / "current_run").write_text(f"{NEW}\n")
+    (tmp_path / "runs" / "current").unlink()
+    (tmp_path / "runs" / NEW).mkdir()
+    (tmp_path / "runs" / "current").symlink_to(NEW)
+    return inv, env
+
+
+def _rows(text: str) -> dict[str, list[str]]:
+    return {line.split()[0]: line.split()[1:] for line in text.splitlines() if line.startswith(" laptop-")}
+
+
+@pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
+def test_status_of_an_older_run_reads_its_records_not_the_later_launchs_unit(tmp_path):
+    """newcomer: `status.yml -e run_id=<an older run>` showed the unit states of a later run
+    ("running") for a run that had ended an hour before."""
+    inv, env = _two_runs(tmp_path)
+    out = _play(inv, env, "status.yml", f"run_id={OLD}")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    rows = _rows(text)
+    assert rows["laptop-x"][:3] == ["ended", OLD, "300/300"], text
+    assert rows["laptop-y"][:3] == ["ended", OLD, "300/300"], text
+    assert f"run {OLD} is not the laptops' current job" in text and f"run {NEW}" in text, text
+    # the current run still reads its unit
+    out = _play(inv, env, "status.yml")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0 and _rows(text)["laptop-x"][:3] == ["running", NEW, "20/300"], text
+    assert "is not the laptops' current job" not in text, text
+
+
+@pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
+def test_status_of_an_older_run_cut_short_is_interrupted_and_not_a_failure(tmp_path):
+    inv, env = _two_runs(tmp_path, old_end=False)
+    out = _play(inv, env, "status.yml", f"run_id={OLD}")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert _rows(text)["laptop-x"][:3] == ["interrupted", OLD, "120/300"], text
+
+
+def test_a_running_job_without_a_step_says_starting_or_no_step_yet():
+    """newcomer: right after a launch every cell read '-'."""
+    unit = UNITS["running"]
+    nothing = {"state": "running", "progress": st.node_progress([]), "unit": unit}
+    assert table.row_of("laptop-a", nothing)["step"] == "starting"
+    start = recs("laptop-a", 0, 0)[:1]
+    started = {"state": "running", "progress": st.node_progress(start), "unit": unit}
+    assert table.row_of("laptop-a", started)["step"] == "no step yet"
+    ended = {"state": "succeeded", "progress": st.node_progress([]), "unit": UNITS["ended"]}
+    assert table.row_of("laptop-a", ended)["step"] == "-"
