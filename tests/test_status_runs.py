@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from ddplab import status as st
-from test_status_table import PLAYBOOK, RUN_ID, UNITS, _case, _play, recs, table
+from test_status_table import FAKE_JOURNALCTL, PLAYBOOK, RUN_ID, UNITS, _case, _play, recs, table
 
 OLD, NEW = RUN_ID, "20261201-101500-beef"
 
@@ -114,3 +114,58 @@ def test_a_running_job_without_a_step_says_starting_or_no_step_yet():
     assert table.row_of("laptop-a", started)["step"] == "no step yet"
     ended = {"state": "succeeded", "progress": st.node_progress([]), "unit": UNITS["ended"]}
     assert table.row_of("laptop-a", ended)["step"] == "-"
+
+
+def _one_running(tmp_path: Path) -> tuple[Path, dict]:
+    inv, env = _case(tmp_path, {"laptop-run": "running", "laptop-end": "ended"})
+    data = json.loads(inv.read_text())
+    del data["all"]["children"]["trainers"]["hosts"]["laptop-off"]
+    inv.write_text(json.dumps(data))
+    (tmp_path / "bin" / "journalctl").write_text(FAKE_JOURNALCTL)
+    (tmp_path / "bin" / "journalctl").chmod(0o755)
+    return inv, env
+
+
+@pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
+@pytest.mark.parametrize("given", [(), ("collect_run_id=",)])
+def test_collect_says_which_run_and_refuses_one_that_still_runs(tmp_path, given):
+    """newcomer: collect.yml with an empty collect_run_id took runs/current, another user's live run,
+    without saying so, and wrote its summary and report there."""
+    inv, env = _one_running(tmp_path)
+    runs = tmp_path / "runs"
+    out = _play(inv, env, "playbooks/collect.yml", *given, f"collect_runs_dir={runs}")
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text
+    assert f"collect: run {RUN_ID} (runs/current)" in text, text
+    line = next(x for x in text.splitlines() if "still runs on" in x and x.startswith("[ERROR]"))
+    assert f"run {RUN_ID} (runs/current) still runs on laptop-run: not collected" in line, text
+    assert f"attach.yml -e run_id={RUN_ID}" in line and "-e collect_snapshot=true" in line, text
+    assert not (runs / RUN_ID / "summary.json").exists() and not (runs / RUN_ID / "laptop-end").exists()
+
+
+@pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
+def test_collect_snapshot_of_a_running_run_is_labelled_running(tmp_path):
+    inv, env = _one_running(tmp_path)
+    runs = tmp_path / "runs"
+    out = _play(inv, env, "playbooks/collect.yml", f"collect_run_id={RUN_ID}", "collect_snapshot=true",
+                f"collect_runs_dir={runs}")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert f"collect: run {RUN_ID} (-e collect_run_id)" in text, text
+    summary = json.loads((runs / RUN_ID / "summary.json").read_text())
+    assert (summary["outcome"], summary["running_on"]) == ("running", ["laptop-run"]), summary
+    assert "RUNNING (a snapshot; it goes on on laptop-run)" in text, text
+    assert "running (snapshot taken by collect)" in (runs / RUN_ID / "report.html").read_text()
+
+
+@pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
+def test_site_collect_after_a_launch_without_a_watch_leaves_the_run_running(tmp_path):
+    """site.yml -e ddp_job_watch=false: the collect play that follows the launch says the run goes on
+    and collects nothing (no failure)."""
+    inv, env = _one_running(tmp_path)
+    runs = tmp_path / "runs"
+    out = _play(inv, env, "playbooks/collect.yml", "ddp_job_watch=false", f"collect_runs_dir={runs}")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert "(launched with ddp_job_watch=false): not collected" in text, text
+    assert not (runs / RUN_ID / "summary.json").exists(), text

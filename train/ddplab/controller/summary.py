@@ -21,7 +21,10 @@ Definitions (all times unix seconds, from the nodes' clocks):
     the largest ``step`` of any ``end``/``step``/``val``/``checkpoint``/``failure`` record.
 ``outcome``
     :func:`ddplab.controller.rundir.run_outcome`: finished | stopped (stop.yml recorded a
-    ``kind: stop`` event after the newest start) | failed | incomplete | no metrics.
+    ``kind: stop`` event after the newest start) | failed | incomplete | no metrics; ``running``
+    for a snapshot collect took while the job ran (``build --running HOSTS``).
+``running_on``
+    the trainers whose agent still ran the job when a snapshot was collected ([] otherwise).
 ``final_train_loss`` / ``final_val_loss``
     of the rank-0 ``end`` record (the trainer's final evaluation: the mean loss over fixed
     windows of the train and val splits); without one, the newest ``val`` record's
@@ -211,11 +214,13 @@ def per_host_figures(host: str, records: Sequence[Record], host_dir: Path | None
     return out
 
 
-def build_summary(run_dir: str | Path, hosts: Sequence[str] | None = None) -> dict[str, Any]:
+def build_summary(run_dir: str | Path, hosts: Sequence[str] | None = None,
+                  running: Sequence[str] = ()) -> dict[str, Any]:
     """The summary dict of a collected run folder (see the module docstring).
 
-    ``hosts``: the trainers of the run (default: the host folders found). Raises RunFolderError
-    (alias SummaryError) when ``run_dir`` is not a folder.
+    ``hosts``: the trainers of the run (default: the host folders found). ``running``: the trainers
+    whose agent still runs the job (a snapshot): the outcome is then ``running``. Raises
+    RunFolderError (alias SummaryError) when ``run_dir`` is not a folder.
     """
     run = load_run(run_dir)
     run_dir, existing, per_host, records = run.path, run.summary, run.per_host, run.records
@@ -233,7 +238,8 @@ def build_summary(run_dir: str | Path, hosts: Sequence[str] | None = None) -> di
     sample_host = next((h for h in hosts if (run_dir / h / "sample.txt").is_file()), None)
     summary: dict[str, Any] = {
         "run_id": run.run_id,
-        "outcome": run_outcome(records, run.events),
+        "outcome": "running" if running else run_outcome(records, run.events),
+        "running_on": sorted(running),
         "hosts": list(hosts),
         "steps_completed": steps_completed(records),
         "max_steps": max_steps,
@@ -286,6 +292,7 @@ def human_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None)
     done = max_steps is not None and steps is not None and steps >= max_steps
     hosts = summary.get("hosts") or []
     outcome = {"finished": "finished", "stopped": "stopped by stop.yml", "failed": "NOT finished (failed)",
+               "running": f"RUNNING (a snapshot; it goes on on {', '.join(summary.get('running_on') or [])})",
                "incomplete": "NOT finished (no end record)", "no metrics": "NOT finished (no step metrics)",
                }.get(summary.get("outcome"), "finished" if done else "NOT finished")
     lines.append(
@@ -376,6 +383,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     b.add_argument("run_dir", type=Path)
     b.add_argument("--hosts", default="", help="comma-separated trainers of the run (default: host folders)")
     b.add_argument("--json", action="store_true", help="print the summary JSON instead of the text")
+    b.add_argument("--running", default="", metavar="HOSTS",
+                   help="comma-separated trainers whose agent still runs the job: a snapshot, outcome running")
     f = sub.add_parser("faults", help="measure the injections of events.jsonl into summary.json")
     f.add_argument("run_dir", type=Path, help="runs/<run_id> on the controller (holds events.jsonl)")
     f.add_argument("--metrics", type=Path, default=None,
@@ -388,7 +397,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.cmd == "build":
         try:
-            summary = build_summary(a.run_dir, [h for h in a.hosts.split(",") if h] or None)
+            summary = build_summary(a.run_dir, [h for h in a.hosts.split(",") if h] or None,
+                                    [h for h in a.running.split(",") if h])
         except SummaryError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

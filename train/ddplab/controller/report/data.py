@@ -335,6 +335,8 @@ def run_status(run: RunFolder, fl: Sequence[Fault],
     }[outcome]
     if live and outcome in ("incomplete", "failed"):  # a failure record mid-run: the group restarts
         status, status_class = "running", "ok"
+    elif not live and run.summary.get("outcome") == "running":  # collect_snapshot: taken while it ran
+        status, status_class = "running (snapshot taken by collect)", "warn"
     elif live and outcome == "no metrics":
         status, status_class = "starting", "warn"
     elif outcome == "finished" and fl:
