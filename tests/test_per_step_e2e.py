@@ -40,17 +40,26 @@ pytestmark = pytest.mark.slow
 LIGHTHOUSE = Path(sys.executable).parent / "torchft_lighthouse"
 
 
+class LighthouseAddress(str):
+    """The lighthouse's http address; ``proc`` is its process (a test may freeze it)."""
+
+    proc: subprocess.Popen
+
+
 @pytest.fixture
 def lighthouse(tmp_path, request):
     """A lighthouse on a free port with the contract's settings (``--min_replicas`` 1, or the
-    test's indirect parameter); yields its http address."""
+    test's indirect parameter); yields its http address (:class:`LighthouseAddress`)."""
     port = free_port()
     log = open(tmp_path / "lighthouse.log", "w")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen([str(LIGHTHOUSE), "--bind", f"127.0.0.1:{port}",
                              "--min_replicas", str(getattr(request, "param", 1)),
                              "--quorum_tick_ms", "100", "--join_timeout_ms", "1000"],
                             stdout=log, stderr=subprocess.STDOUT)
-    yield f"http://127.0.0.1:{port}"
+    address = LighthouseAddress(f"http://127.0.0.1:{port}")
+    address.proc = proc
+    yield address
+    proc.send_signal(signal.SIGCONT)  # a test may have frozen it
     proc.kill()
     proc.wait()
     log.close()

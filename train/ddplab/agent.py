@@ -49,6 +49,12 @@ dropped while no group formed without it (its round goes on, or every agent miss
 at once and the emptied round was closed: the workers are still one group) only logs it: it
 re-joins at the next membership change.
 
+Final worker exits: a worker that exits with one of :data:`FINAL_EXIT_CODES` (ddplab.train's 4: a
+per_step replica cut off from its group, which waited for it already) is not restarted: the agent
+stops at once with torchrun's error report, instead of spending ``--max-restarts`` on workers that
+would each end the same way (:func:`stop_restarts_on_final_exits`). torch's agent restarts on any
+failure up to ``--max-restarts`` and has no such rule.
+
 Exit status: torchrun's (0 when the workers finished; 1 with torchrun's error report otherwise);
 2 for a bad barrier setting (nothing started).
 """
@@ -71,6 +77,8 @@ WORKER_MODULE = "ddplab.train"
 FORK_START_METHODS = ("fork",)
 #: torch's c10d rendezvous with the membership watch (:class:`MembershipWatchedHandler`).
 WATCHED_BACKEND = "ddplab-c10d"
+#: Worker exit codes a restart cannot mend (ddplab.train.EXIT_CUT_OFF): the agent ends instead.
+FINAL_EXIT_CODES = {4: "cut off from its per_step group (it waited for the group already)"}
 
 
 def _log(msg: str) -> None:
@@ -229,6 +237,40 @@ def cheap_event_names() -> None:
     dynamic_rendezvous.get_method_name = caller_name
 
 
+def final_exit(result: Any) -> str | None:
+    """Why torch's run ``result`` (``RunResult``) must not be restarted: every failed worker
+    exited with a code of :data:`FINAL_EXIT_CODES` (its meaning), else None."""
+    failures = getattr(result, "failures", None) or {}
+    codes = {getattr(f, "exitcode", None) for f in failures.values()}
+    if not result.is_failed() or not codes or not codes <= FINAL_EXIT_CODES.keys():
+        return None
+    return "; ".join(f"exit {c}: {FINAL_EXIT_CODES[c]}" for c in sorted(codes))
+
+
+def stop_restarts_on_final_exits() -> None:
+    """Make torch's local agent end, instead of restarting its workers, after a final exit
+    (:func:`final_exit`): its ``_monitor_workers`` result then leaves no restart (torch's own
+    loop stops the workers and returns the failure, as after the last of ``--max-restarts``).
+    Idempotent; the agent process only."""
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    monitor = LocalElasticAgent._monitor_workers
+    if getattr(monitor, "ddplab_final_exits", False):
+        return
+
+    def _monitor_workers(self: Any, worker_group: Any) -> Any:
+        result = monitor(self, worker_group)
+        why = final_exit(result)
+        if why and self._remaining_restarts > 0:
+            _log(f"worker ended for good ({why}): not restarted ({self._remaining_restarts} of "
+                 f"--max-restarts {worker_group.spec.max_restarts} left unused)")
+            self._remaining_restarts = 0
+        return result
+
+    _monitor_workers.ddplab_final_exits = True  # type: ignore[attr-defined]
+    LocalElasticAgent._monitor_workers = _monitor_workers  # type: ignore[method-assign]
+
+
 def forks_worker(args: argparse.Namespace) -> bool:
     """True when torchrun's parsed ``args`` start ``-m ddplab.train`` with a fork start method."""
     return (bool(args.module) and args.training_script == WORKER_MODULE and not args.no_python
@@ -309,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"start barrier {token}: only {arrived}/{nodes} agents after {waited:.0f} s; starting anyway"
             )
     cheap_event_names()
+    stop_restarts_on_final_exits()
     if watch_membership(args):
         _log(f"rendezvous {WATCHED_BACKEND}: torch's c10d with the membership watch")
     if fork:

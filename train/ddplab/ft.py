@@ -62,16 +62,20 @@ class FaultToleranceError(ValueError):
 
 @dataclass(frozen=True)
 class CutOff:
-    """This replica was cut off from the group: the lighthouse formed quorums without it.
+    """This replica was cut off from the group: the lighthouse formed quorums without it, or it
+    could not reach the lighthouse at all.
 
-    ``last_quorum_id`` is the last quorum it took part in with the group, ``quorum_id`` the first
-    one it was given after the gap (ids ``last_quorum_id + 1 .. quorum_id - 1`` went on without
-    it), ``since`` the ``time.monotonic()`` of that quorum.
+    ``last_quorum_id`` is the last quorum it took part in with the group (None: none yet),
+    ``quorum_id`` the first one it was given after the gap (ids ``last_quorum_id + 1 ..
+    quorum_id - 1`` went on without it; None when no quorum came: ``unreachable_s``), ``since``
+    the ``time.monotonic()`` of that quorum (or of the last quorum before the lighthouse went
+    out of reach), ``unreachable_s`` the seconds without any quorum (None: a quorum came).
     """
 
-    last_quorum_id: int
-    quorum_id: int
+    last_quorum_id: int | None
+    quorum_id: int | None
     since: float
+    unreachable_s: float | None = None
 
 
 class CutOffError(RuntimeError):
@@ -181,6 +185,8 @@ class Replica:
         self.last_quorum_id: int | None = None  # the last quorum this replica was given
         self.present_since: int | None = None  # while cut off: see follow_quorum
         self.cut_off: CutOff | None = None
+        self.quorum_at = time.monotonic()  # the last quorum this replica got (see no_quorum_s)
+        self.quorum_error: str | None = None  # why the last quorum call failed (start_step)
         self.replica_id = cfg.ft_replica_id or socket.gethostname()
         self.addr = where.addr
         timeout = timedelta(seconds=cfg.ft_timeout_s)
@@ -224,19 +230,38 @@ class Replica:
         )
 
     # --- one step ------------------------------------------------------------------------------
-    def start_step(self) -> tuple[int, int]:
+    def start_step(self) -> tuple[int, int] | None:
         """Join the quorum of the next step; a replica behind its peers is healed here.
 
         Returns ``(participant rank, participants)``: this replica's rank among the quorum's
         participants and their number. Zeroes the gradients (``optimizer.zero_grad``). Sets
         :attr:`cut_off` when the quorum's id skips ids since the last quorum this replica took
         part in with the group (:meth:`follow_quorum`).
+
+        Returns None when no quorum came within ``ft_quorum_timeout_s`` (torchft raises
+        TimeoutError: the lighthouse is out of reach, e.g. a partition, or this worker was frozen
+        in the call past its deadline): nothing was computed or applied, the caller asks again
+        (:attr:`no_quorum_s` says for how long there has been none) instead of ending the worker.
+        torchft keeps the failed call's future and would raise its error again at the next
+        quorum, so it is dropped here.
         """
-        self.optimizer.zero_grad(set_to_none=True)
-        participants = self.manager.num_participants()
-        rank = self.manager.participating_rank()
+        try:
+            self.optimizer.zero_grad(set_to_none=True)
+            participants = self.manager.num_participants()
+            rank = self.manager.participating_rank()
+        except TimeoutError as exc:
+            self.manager._quorum_future = None  # the call is over; torchft 0.2.0 has no reset
+            self.quorum_error = f"{type(exc).__name__}: {exc}"
+            return None
+        self.quorum_error = None
+        self.quorum_at = time.monotonic()
         self.follow_quorum(self.quorum_id)
         return (0 if rank is None else rank), max(1, participants)
+
+    @property
+    def no_quorum_s(self) -> float:
+        """Seconds since this replica last got a quorum (or since it started, before its first)."""
+        return time.monotonic() - self.quorum_at
 
     def follow_quorum(self, quorum_id: int) -> None:
         """Track the quorums this replica takes part in with the group.

@@ -15,7 +15,9 @@ state from a live peer. Its own checkpoint is read at start for a restart of the
 Exit codes: 0 finished ``max_steps``; 1 training failed (after an emergency checkpoint when
 possible); 2 bad input or an output that cannot be written (one line, before the first step where
 it can be known); 3 training diverged (the step was not applied, no checkpoint written; see
-ddplab.divergence); 128 + signal when stopped by a signal.
+ddplab.divergence); 4 per_step: cut off from the group (no quorum with a peer of the group, or none
+at all, within its waits: nothing trained alone, checkpoints kept); ddplab.agent does not restart a
+worker that exits 4, a restart would only wait again; 128 + signal when stopped by a signal.
 """
 
 from __future__ import annotations
@@ -80,6 +82,8 @@ from ddplab.records import read_jsonl
 
 CHECKPOINT_FORMAT = 1
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+#: per_step: cut off from the group; ddplab.agent ends instead of restarting such a worker.
+EXIT_CUT_OFF = 4
 #: per_step: the last quorum the replica took part in with the group, kept beside the checkpoints
 #: (ddplab.ft.Replica.follow_quorum), so that a restarted worker can tell it was cut off.
 GROUP_QUORUM_FILE = "ft-group-quorum.json"
@@ -218,6 +222,7 @@ class Trainer:
         self.kept_quorum_id: int | None = None
         self.announced_cut_off = False
         self.waited_for_quorum_id: int | None = None  # see previous_cut_off
+        self.announced_no_quorum = False  # per_step: a failed quorum call was announced
 
     # --- setup: everything that can reject bad input runs before anything is written ---------
     def validate_inputs(self, check_only: bool = False) -> None:
@@ -480,12 +485,14 @@ class Trainer:
 
     def replica_state(self) -> dict[str, Any]:
         """The per_step additions to a state: torch's RNG state (the draws are seeded per step,
-        this carries the rest) and the torchft Manager's counters. Empty under torchelastic."""
+        this carries the rest) and the torchft Manager's counters. Empty under torchelastic.
+        No quorum id: ids belong to one lighthouse and one launch (:meth:`read_group_quorum_id`
+        keeps the group's beside the checkpoints); checkpoints written with the former
+        ``ft_group_quorum_id`` field load as before (it is not read)."""
         if not self.per_step:
             return {}
         return {"rng": {"scheme": "stateless", "seed": self.cfg.seed, "torch": torch.get_rng_state()},
-                "ft_manager": self.replica.state() if self.replica else {"step": self.step},
-                "ft_group_quorum_id": self.replica.group_quorum_id if self.replica else None}
+                "ft_manager": self.replica.state() if self.replica else {"step": self.step}}
 
     def load_peer_state(self, state: dict[str, Any]) -> None:
         """per_step: apply the state a live peer sent when this replica joined or fell behind.
@@ -527,7 +534,7 @@ class Trainer:
         new agent is a new launch (a resume, whose lighthouse is new and numbers its quorums from
         1 again, or a rejoin), and quorum ids of another lighthouse say nothing: compared with
         them, every replica of a per_step resume was 'cut off' and none trained (newcomer,
-        2026-12-01). The checkpoint's id is kept for the record only, for the same reason."""
+        2026-12-01). Checkpoints carry no quorum id for the same reason."""
         try:
             kept = json.loads((self.out / GROUP_QUORUM_FILE).read_text())
         except (OSError, ValueError):
@@ -599,6 +606,42 @@ class Trainer:
                   f"trains nothing until a peer of the group is back (at most ft_rejoin_wait_s "
                   f"{cfg.ft_rejoin_wait_s:g} s)", flush=True)
         self.replica.abstain("cut off from the group: waiting for a peer of the group")
+        time.sleep(MIN_REPLICAS_POLL_S)
+
+    def wait_for_a_quorum(self) -> None:
+        """per_step: the quorum call got no quorum within ``ft_quorum_timeout_s`` (the lighthouse
+        is out of reach, e.g. a partition, or this worker was frozen in the call): nothing was
+        computed or voted. The worker asks again within its own life: a torchrun restart would
+        meet the same partition and spend one of ``--max-restarts`` per timeout (the newcomer's
+        200 s partition spent 3, then 7 more). After ``ft_quorum_timeout_s + ft_rejoin_wait_s``
+        without a quorum the group has gone on without this replica, or is gone.
+
+        Raises:
+            ddplab.ft.CutOffError: no quorum for that long (``unreachable_s`` set).
+        """
+        from ddplab import ft
+
+        cfg, replica = self.cfg, self.replica
+        waited, bound = replica.no_quorum_s, cfg.ft_quorum_timeout_s + cfg.ft_rejoin_wait_s
+        last = replica.group_quorum_id
+        if waited >= bound:
+            raise ft.CutOffError(
+                f"replica {replica.replica_id} got no quorum from the lighthouse {cfg.ft_lighthouse} "
+                f"for {waited:.0f} s (ft_quorum_timeout_s {cfg.ft_quorum_timeout_s:g} + "
+                f"ft_rejoin_wait_s {cfg.ft_rejoin_wait_s:g} s; {replica.quorum_error}): the group "
+                f"went on without it{f' after quorum {last}' if last is not None else ''} or is "
+                f"gone; nothing trained alone, its state of step {self.step} and its checkpoints "
+                "are kept. Fix: if the group finished, its result is the run's (this node's is "
+                "not); else check this node's route to the controller and start it again "
+                "(kill-node.yml -e fault=rejoin: it heals from a peer ahead), or raise "
+                "ft_rejoin_wait_s (playbook: ddp_job_ft_rejoin_wait_s)",
+                ft.CutOff(last, None, replica.quorum_at, round(waited, 1)))
+        if not self.announced_no_quorum:
+            self.announced_no_quorum = True
+            print(f"[ddplab] step {self.step + 1}: no quorum from the lighthouse within "
+                  f"ft_quorum_timeout_s {cfg.ft_quorum_timeout_s:g} s ({replica.quorum_error}); "
+                  f"asking again, nothing trained (at most {bound:g} s without a quorum)",
+                  flush=True)
         time.sleep(MIN_REPLICAS_POLL_S)
 
     def save_checkpoint(self, reason: str) -> None:
@@ -680,8 +723,16 @@ class Trainer:
         cfg, replica = self.cfg, self.replica
         t0 = time.perf_counter()
         self.guard.check()
-        rank, participants = replica.start_step()
+        started = replica.start_step()
         self.guard.check()
+        if started is None:  # no quorum within ft_quorum_timeout_s: nothing computed, ask again
+            self.wait_for_a_quorum()
+            return False
+        if self.announced_no_quorum:
+            print(f"[ddplab] step {self.step + 1}: a quorum again (quorum {replica.quorum_id})",
+                  flush=True)
+            self.announced_no_quorum = False
+        rank, participants = started
         if replica.step != self.step:
             raise RuntimeError(f"torchft is at step {replica.step}, the training state at step "
                                f"{self.step}: the state transfer did not apply")
@@ -1114,7 +1165,7 @@ class Trainer:
         """The emergency path: shield from signals, save, write the ``failure`` record, report.
 
         Returns the exit code: 128 + signal, EXIT_DIVERGED, EXIT_BAD_INPUT (an output that
-        cannot be written) or EXIT_FAILED.
+        cannot be written), EXIT_CUT_OFF (per_step, cause cut_off) or EXIT_FAILED.
         """
         self.guard.shield()  # a SIGTERM arriving from here on cannot cut the save or the records
         if isinstance(exc, Terminated):
@@ -1124,7 +1175,7 @@ class Trainer:
         elif isinstance(exc, OutputError | CheckpointError):
             code, cause = EXIT_BAD_INPUT, "output"
         elif isinstance(exc, getattr(sys.modules.get("ddplab.ft"), "CutOffError", ())):  # per_step
-            code, cause = EXIT_FAILED, "cut_off"
+            code, cause = EXIT_CUT_OFF, "cut_off"
         else:
             code, cause = EXIT_FAILED, "error"
         saved = self.emergency_save(exc)
@@ -1133,7 +1184,8 @@ class Trainer:
                   "config_sha256": self.config_sha256()} if isinstance(exc, Diverged) else {})
         if cause == "cut_off":
             extra = {"last_group_quorum_id": exc.cut_off.last_quorum_id,
-                     "quorum_id": exc.cut_off.quorum_id, "rejoin_wait_s": self.cfg.ft_rejoin_wait_s}
+                     "quorum_id": exc.cut_off.quorum_id, "rejoin_wait_s": self.cfg.ft_rejoin_wait_s,
+                     "unreachable_s": exc.cut_off.unreachable_s}
         if self.metrics:
             with contextlib.suppress(OutputError):
                 self.metrics.write("failure", step=self.step, error=f"{type(exc).__name__}: {exc}",

@@ -14,7 +14,7 @@ The group-level facts every tool shows are defined here once: :func:`group_start
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -238,22 +238,61 @@ def world_size_at(timeline: Sequence[dict[str, Any]], t: float) -> int | None:
 # ----------------------------------------------------------------------------- outcome
 
 STOP_EVENT = "stop"  # events.jsonl kind written by stop.yml when it stopped a running agent
+#: events.jsonl kinds that begin a launch of the run (site.yml's launch, a resume)
+LAUNCH_EVENTS = ("launch", "resume")
 OUTCOMES = ("finished", "stopped", "failed", "incomplete", "no metrics")
+
+
+def launch_since(records: Sequence[Record], events: Sequence[Record]) -> float:
+    """When the run's newest launch began: the newest ``start`` record; under per_step, where a
+    replica's worker can start (a torchrun restart, a rejoin) after its peers finished, the newest
+    ``launch``/``resume`` event (without events: the newest start of a first attempt,
+    ``restart_count`` 0). -inf when there is none."""
+    starts = [r for r in records if r.get("event") == "start" and num(r.get("time")) is not None]
+    newest = max(starts, key=lambda r: num(r.get("time")), default=None)
+    if newest is None:
+        return float("-inf")
+    if newest.get("engine") != "per_step":
+        return num(newest.get("time"))
+    launches = [t for e in events if e.get("kind") in LAUNCH_EVENTS and (t := num(e.get("time"))) is not None]
+    if launches:
+        return max(launches)
+    return max(num(r.get("time")) for r in starts if not r.get("restart_count"))
+
+
+def cut_off_nodes(per_host: Mapping[str, Sequence[Record]], events: Sequence[Record]) -> list[dict[str, Any]]:
+    """per_step: the nodes whose replica ended cut off from the group in the newest launch (its
+    last record a ``failure`` with cause ``cut_off``, ddplab.train): ``[{host, step, time,
+    last_group_quorum_id, quorum_id, unreachable_s, error}]`` by host; ``quorum_id`` is None
+    when no quorum came at all (``unreachable_s`` seconds without one)."""
+    records = [r for recs in per_host.values() for r in recs]
+    since = launch_since(records, events)
+    out = []
+    for host, recs in sorted(per_host.items()):
+        timed = sorted((r for r in recs if r.get("event") in ("start", "end", "failure")
+                        and (num(r.get("time")) or since) >= since), key=lambda r: num(r.get("time")) or 0.0)
+        last = timed[-1] if timed else {}
+        if last.get("event") == "failure" and last.get("cause") == "cut_off":
+            out.append({"host": host, "time": num(last.get("time")), "error": last.get("error"),
+                        **{k: last.get(k) for k in ("step", "last_group_quorum_id", "quorum_id",
+                                                    "unreachable_s")}})
+    return out
 
 
 def run_outcome(records: Sequence[Record], events: Sequence[Record]) -> str:
     """How the run's newest launch ended, one of :data:`OUTCOMES`.
 
-    ``no metrics``: no ``step`` record; ``finished``: an ``end`` record after the newest ``start``;
+    ``no metrics``: no ``step`` record; ``finished``: an ``end`` record after the newest launch
+    (:func:`launch_since`; under per_step a replica that reached ``max_steps`` finished the run,
+    whatever a replica cut off from the group did after it: it trained nothing alone);
     ``stopped``: a ``kind: stop`` event (stop.yml stopped a running agent) at or after the newest
-    ``start`` record; ``failed``: a ``failure`` record after the newest ``start``;
+    launch; ``failed``: a ``failure`` record after the newest launch;
     ``incomplete``: none of these (still running, or the agents vanished without a record).
     Records of earlier launches of a resumed run do not count.
     """
     if not any(r.get("event") == "step" for r in records):
         return "no metrics"
-    starts = [t for r in records if r.get("event") == "start" and (t := num(r.get("time"))) is not None]
-    since = max(starts, default=float("-inf"))
+    since = launch_since(records, events)
 
     def after(event: str) -> bool:
         return any(r.get("event") == event and (num(r.get("time")) or since) >= since for r in records)

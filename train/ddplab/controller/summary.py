@@ -46,6 +46,10 @@ Definitions (all times unix seconds, from the nodes' clocks):
 ``engine``
     the recovery engine of the newest ``start`` record: torchelastic (also when none names one) or
     per_step; under per_step ``world_size`` in the timeline is the participants of each committed step.
+``cut_off``
+    per_step: the nodes whose replica ended cut off from the group in the newest launch
+    (:func:`ddplab.controller.rundir.cut_off_nodes`: host, step, quorum ids, error); the run is
+    still ``finished`` when a replica reached ``max_steps``: a cut-off one trained nothing alone.
 ``faults``
     measured by :mod:`ddplab.faults` from the ``kind: fault`` records of ``events.jsonl`` (the
     hook :func:`measure_faults`); when there are none, the list already in ``summary.json`` is kept.
@@ -68,6 +72,7 @@ from ddplab.controller.rundir import (
     SUMMARY_FILE,
     RunFolder,
     RunFolderError,
+    cut_off_nodes,
     group_restarts,
     load_run,
     read_json,
@@ -252,6 +257,7 @@ def build_summary(run_dir: str | Path, hosts: Sequence[str] | None = None,
         "engine": engine,
         "restarts": group_restarts(records) if engine == "torchelastic" else process_restarts(records),
         "faults": measure_faults(run),
+        "cut_off": cut_off_nodes(per_host, run.events),
         "batch_policy": next(
             (r.get("batch_policy") for r in reversed(starts) if r.get("batch_policy")), None
         ),
@@ -283,6 +289,15 @@ def update_summary(run_dir: str | Path, **fields: Any) -> Path:
     data = read_json(run_dir / SUMMARY_FILE) or {"run_id": run_dir.name}
     data.update(fields)
     return write_summary(run_dir, data)
+
+
+def cut_off_line(node: Mapping[str, Any]) -> str:
+    """One line for a node of :func:`ddplab.controller.rundir.cut_off_nodes`."""
+    last, qid = node.get("last_group_quorum_id"), node.get("quorum_id")
+    how = (f"cut off from quorum {last} to quorum {qid}" if qid is not None
+           else f"no quorum for {fmt(num(node.get('unreachable_s')), '.0f')} s after quorum {last}")
+    return (f"{node.get('host')}: cut off from the group at step {node.get('step')} ({how}); "
+            "nothing trained alone, its state and checkpoints kept (not the run's result)")
 
 
 def human_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None) -> str:
@@ -319,6 +334,8 @@ def human_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None)
             f"fault {f.get('mode')} {f.get('node')}: detected {fmt(num(f.get('detected_s')), '.1f')} s, "
             f"recovered {fmt(num(f.get('recovered_s')), '.1f')} s, steps lost {f.get('steps_lost', '-')}"
         )
+    for c in summary.get("cut_off") or []:
+        lines.append(cut_off_line(c))
     for s in (summary.get("stragglers") or [])[:3]:
         lines.append(s.get("text", str(s)))
     for h, fig in (summary.get("per_host") or {}).items():

@@ -1,0 +1,78 @@
+"""per_step: a run the group finished is ``finished`` although a laptop ended cut off from it.
+
+Fixture: the first launch of the newcomer's lab run 20261201-091704-9e9b (records before its
+resume): laptop-c partitioned for 200 s at step 58; laptop-a and laptop-b finished 500/500 at 2
+participants; laptop-c, back after they had finished, was cut off (quorum 3 -> 128), trained
+nothing alone and ended with ``failure`` records (cause ``cut_off``) after their ``end``
+records, its torchrun restarts writing ``start`` records after them too. summary.json and the
+report called it ``failed`` (the newest ``start`` came after every ``end``), while
+docs/running.md says such a run counts as finished.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from ddplab.controller import summary as summary_mod
+from ddplab.controller.report.data import run_status
+from ddplab.controller.rundir import cut_off_nodes, load_run, run_outcome
+
+FIXTURE = Path(__file__).parent / "fixtures" / "per_step_cut_off_9e9b"
+
+
+def copy_run(tmp_path: Path, events: bool = True) -> Path:
+    run = tmp_path / "20261201-091704-9e9b"
+    shutil.copytree(FIXTURE, run)
+    if not events:
+        (run / "events.jsonl").unlink()
+    return run
+
+
+def test_a_run_the_group_finished_is_finished_with_the_cut_off_laptop_named(tmp_path):
+    run = load_run(copy_run(tmp_path))
+    assert run_outcome(run.records, run.events) == "finished"
+    assert run_status(run, [], [])[0] == "finished"  # the report's badge
+    summary = summary_mod.build_summary(run.path)
+    assert summary["outcome"] == "finished" and summary["steps_completed"] == 500
+    [cut] = summary["cut_off"]
+    assert (cut["host"], cut["step"]) == ("laptop-c", 58)
+    assert (cut["last_group_quorum_id"], cut["quorum_id"]) == (3, 128)
+    assert "nothing trained alone" in cut["error"]
+    text = summary_mod.human_summary(summary)
+    assert text.splitlines()[0].endswith("500/500 steps on 3 node(s) (laptop-a, laptop-b, laptop-c) "
+                                         "- finished")
+    assert ("laptop-c: cut off from the group at step 58 (cut off from quorum 3 to quorum 128); "
+            "nothing trained alone") in text
+
+
+def test_without_events_the_first_attempts_start_the_launch(tmp_path):
+    run = load_run(copy_run(tmp_path, events=False))
+    assert run_outcome(run.records, run.events) == "finished"
+
+
+def test_a_run_where_no_replica_reached_max_steps_stays_failed(tmp_path):
+    path = copy_run(tmp_path)
+    for host in ("laptop-a", "laptop-b"):  # the survivors cut off too, before the end
+        metrics = path / host / "metrics" / f"{host}-local0.jsonl"
+        lines = [json.loads(x) for x in metrics.read_text().splitlines()]
+        end = next(r for r in lines if r["event"] == "end")
+        kept = [r for r in lines if r["event"] != "end" and r.get("step", 0) <= 400]
+        kept.append({**end, "event": "failure", "step": 400, "cause": "cut_off",
+                     "error": "CutOffError: ...", "last_group_quorum_id": 9, "quorum_id": 12})
+        metrics.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    run = load_run(path)
+    assert run_outcome(run.records, run.events) == "failed"
+    cut = [c["host"] for c in cut_off_nodes(run.per_host, run.events)]
+    assert cut == ["laptop-a", "laptop-b", "laptop-c"]
+
+
+def test_a_node_back_in_the_group_after_a_cut_off_is_not_named(tmp_path):
+    path = copy_run(tmp_path)
+    metrics = path / "laptop-c" / "metrics" / "laptop-c-local0.jsonl"
+    lines = [json.loads(x) for x in metrics.read_text().splitlines()]
+    lines.append({**lines[0], "time": lines[-1]["time"] + 5, "restart_count": 11})  # started again
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    run = load_run(path)
+    assert cut_off_nodes(run.per_host, run.events) == []
