@@ -184,8 +184,9 @@ def test_derived_series(tmp_path):
     assert [s for s, _ in loss] == list(range(200))
     f = data.faults(run)[0]
     assert data.step_at(run, f.time) == 79
-    gaps = data.idle_gaps([t for t, _ in data.world_size_points(run)])
-    assert len(gaps) == 2 and all(b - a > 18 for a, b in gaps)
+    bands = data.no_training_bands(run)
+    assert [(b.from_step, b.to_step) for b in bands] == [(79, 80), (139, 140)]
+    assert all(b.seconds > 18 and b.cause == "fault" for b in bands), bands
 
 
 def test_all_null_sensors_say_no_sensor(tmp_path):

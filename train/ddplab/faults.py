@@ -19,7 +19,11 @@ For an injection at time ``T`` (records up to the next injection count for it), 
 ``detected_s``
     ``T`` to the first sign that the group noticed: a ``failure`` record, a ``start`` record (a
     worker started again, by a restart or a membership change), or any record whose
-    ``restart_count`` is above the one its worker had before ``T``.
+    ``restart_count`` is above the one its worker had before ``T``. For a fault after which the
+    target is gone (:data:`GONE_MODES`: kill-agent, poweroff) only the records of the other nodes
+    count: the target's own (a powered-off node's SIGTERM failure record) say that it was told to
+    go, not that the group noticed, and a node that is off cannot be read while the fault role
+    measures, so the figure would otherwise depend on when it was measured.
 ``recovered_s``
     ``T`` to the first ``step`` record of a generation that started after ``T``: training going
     again, at ``world_size_after``. A restart that does not change the world size (kill-worker)
@@ -33,6 +37,10 @@ For an injection at time ``T`` (records up to the next injection count for it), 
     so resuming from an emergency checkpoint of the last completed step loses 0 steps.
 ``world_size_before`` / ``world_size_after``
     of the newest step record before ``T`` / of the recovery step.
+``last_step_before``
+    :func:`step_at` ``T``: the step of the newest ``step`` (committed), ``val``, ``checkpoint``,
+    ``failure`` or ``end`` record at or before ``T`` (with ``log_interval N`` the step records
+    alone lag by up to N-1 steps); the report's "at step" is the same function.
 ``outcome``
     ``recovered`` (a new generation completed a step); ``continued`` (a fault with a duration, no
     worker restarted, and the group completed steps after the fault had ended: a short freeze or
@@ -76,8 +84,9 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -86,6 +95,12 @@ from ddplab.records import Record, as_int, num
 WorkerKey = tuple[str, int]  # (host, local_rank)
 
 MODES = ("kill-worker", "kill-agent", "poweroff", "freeze", "partition", "throttle", "rejoin")
+#: faults after which the target is gone until a rejoin: its own records do not count for detection
+GONE_MODES = ("kill-agent", "poweroff")
+#: events.jsonl kinds after which a run's records belong to a new launch (resume.yml / site.yml)
+LAUNCH_KINDS = ("launch", "resume")
+#: records that name a completed step in their ``step`` field (:func:`step_at`)
+STEP_EVENTS = ("step", "val", "checkpoint", "failure", "end")
 
 
 @dataclass(frozen=True)
@@ -205,6 +220,26 @@ def is_per_step(records: Iterable[Record]) -> bool:
     return any(r.get("engine") == "per_step" for r in records)
 
 
+def step_at(records: Iterable[Record], t: float) -> int | None:
+    """The step the run had completed at unix time ``t``: the ``step`` of the newest record at or
+    before ``t`` among committed ``step`` records and ``val``, ``checkpoint``, ``failure`` and
+    ``end`` records (the largest among records of that same time); None when none is that old.
+
+    The newest, not the largest: after a restart the group resumes from an older step and redoes
+    the steps after it. Used for a fault's ``last_step_before`` and the report's "at step".
+    """
+    best: tuple[float, int] | None = None
+    for r in records:
+        rt, s = num(r.get("time")), as_int(r.get("step"))
+        if rt is None or s is None or rt > t or r.get("event") not in STEP_EVENTS:
+            continue
+        if r.get("event") == "step" and r.get("committed") is False:
+            continue
+        if best is None or (rt, s) > best:
+            best = (rt, s)
+    return best[1] if best else None
+
+
 def _median_step_time(steps: Sequence[Record]) -> float | None:
     vals = [v for r in steps if (v := num(r.get("step_time_s"))) is not None]
     return statistics.median(vals) if vals else None
@@ -234,8 +269,7 @@ def measure(inj: Injection, records: Sequence[Record], until: float | None = Non
         mode=inj.mode, node=inj.node, rank=inj.rank, injected_at=t0, duration_s=inj.duration_s,
         detected_s=None, recovered_s=None, steps_lost=None,
         world_size_before=as_int(last_before.get("world_size")) if last_before else None,
-        world_size_after=None, outcome="no_data",
-        last_step_before=as_int(last_before.get("step")) if last_before else None,
+        world_size_after=None, outcome="no_data", last_step_before=step_at(before, t0),
     )
     if not after:
         return m
@@ -247,7 +281,10 @@ def measure(inj: Injection, records: Sequence[Record], until: float | None = Non
         if rc is not None:
             rc_before[(r["host"], as_int(r.get("local_rank")) or 0)] = rc
     per_step = is_per_step(recs)
+    others = inj.mode in GONE_MODES
     for r in after:
+        if others and r.get("host") == inj.node:
+            continue  # the target's own reaction is no sign that the group noticed
         key = (r.get("host"), as_int(r.get("local_rank")) or 0)
         rc = as_int(r.get("restart_count"))
         ev = r.get("event")
@@ -382,11 +419,13 @@ STOP_KIND = "stop"
 
 def measure_all(events: Iterable[Record], records: Sequence[Record]) -> list[FaultMeasure]:
     """One :class:`FaultMeasure` per fault injection in ``events``, oldest first; each sees the
-    records up to the next injection or ``kind: stop`` event (the restarts a stop causes are no
-    recovery from the fault). Raises ValueError on a malformed fault event."""
+    records up to the next injection, ``kind: stop`` event (the restarts a stop causes are no
+    recovery from the fault) or ``launch``/``resume`` event (a new launch's starts are neither).
+    Raises ValueError on a malformed fault event."""
     events = list(events)
     injs = injections(events)
-    stops = [t for e in events if e.get("kind") == STOP_KIND and (t := num(e.get("time"))) is not None]
+    stops = [t for e in events if e.get("kind") in (STOP_KIND, *LAUNCH_KINDS)
+             and (t := num(e.get("time"))) is not None]
     ends = sorted([i.time for i in injs] + stops)
     return [measure(inj, records, next((t for t in ends if t > inj.time), None)) for inj in injs]
 
@@ -449,6 +488,27 @@ def _fmt(v: Any, digits: int = 1) -> str:
     if isinstance(v, float):
         return f"{v:.{digits}f}"
     return str(v)
+
+
+def inputs_line(newest: Mapping[str, float | None], down: Iterable[str] = ()) -> str:
+    """Which records a measurement read: ``newest`` maps each host whose metrics were read to the
+    time (unix s) of its newest record (None: no record); ``down`` names the hosts that were not
+    reachable when they were fetched (their records, if any, are an older copy). The summary
+    measures again with the same function from every node's collected records, so a figure can
+    differ only where a host was down; the line says so.
+    """
+    def clock(t: float | None) -> str:
+        return "no record" if t is None else time.strftime("%H:%M:%S", time.localtime(t))
+
+    down = sorted(set(down))
+    read = [f"{h} (to {clock(t)})" for h, t in sorted(newest.items()) if h not in down]
+    line = f"measured from the records of {', '.join(read) or 'no node'}"
+    if down:
+        old = [f"{h} ({'an older copy to ' + clock(newest[h]) if newest.get(h) is not None else 'none'})"
+               for h in down]
+        line += (f"; down, not read now: {', '.join(old)}. summary.json is measured again from every node's "
+                 "records when the run is collected (collect.yml), with the same rules")
+    return line
 
 
 def format_table(measures: Sequence[FaultMeasure]) -> str:

@@ -382,10 +382,14 @@ def faults_cli(a: argparse.Namespace) -> int:
     if not a.no_write:
         update_summary(a.run_dir, faults=[m.to_dict() for m in measures])
     shown = measures[-1:] if a.last else measures
+    down = [h for h in a.down.split(",") if h]
+    newest = {h: max((t for r in recs if (t := num(r.get("time"))) is not None), default=None)
+              for h, recs in run.per_host.items()}
     if a.json:
         print(json.dumps([m.to_dict() for m in shown], indent=2))
     elif shown:
         print(faults.format_table(shown))
+        print(faults.inputs_line(newest, down))
     else:
         print(f"no fault injections in {a.run_dir / 'events.jsonl'}")
     return 0
@@ -409,6 +413,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     f.add_argument("--json", action="store_true", help="print JSON instead of the table")
     f.add_argument("--last", action="store_true", help="only the newest injection")
     f.add_argument("--no-write", action="store_true", help="do not update summary.json")
+    f.add_argument("--down", default="", metavar="HOSTS",
+                   help="comma-separated trainers down when the metrics were fetched (said in the output)")
     f.add_argument("--rank-of", type=int, default=None, metavar="R",
                    help="print the host holding global rank R in the newest metrics, and exit")
     a = ap.parse_args(argv)

@@ -24,8 +24,9 @@ from ddplab.controller.rundir import (
     world_size_at,
     world_size_timeline,
 )
-from ddplab.controller.summary import final_evaluation
+from ddplab.controller.summary import final_evaluation, measure_faults
 from ddplab.faults import is_per_step
+from ddplab.faults import step_at as fault_step_at
 from ddplab.records import as_int, by_time, num
 
 RESTART_GAP_S = 20.0  # step records of one run of a step are closer than this
@@ -140,6 +141,7 @@ class Fault:
     world_size_before: Any = None
     world_size_after: Any = None
     outcome: str = ""
+    duration_s: float | None = None
 
 
 _SOURCE_REF = re.compile(r"\[[^\]\s]*/[^\]\s]*:\d+\]\s*")
@@ -170,26 +172,26 @@ def _outcome(f: dict[str, Any]) -> str:
 
 
 def faults(run: RunFolder) -> list[Fault]:
-    """summary.json faults (as measured by ddplab.faults) when present, else the
-    events.jsonl records of ``kind: fault``."""
-    src = run.summary.get("faults")
+    """The run's faults as summary.json has them: measured from the run's records by
+    :func:`ddplab.controller.summary.measure_faults` (the one rule: the same function, the same
+    records as ``summary build``), else summary.json's list, else the events.jsonl records of
+    ``kind: fault`` (not measured: a malformed fault event)."""
+    src = measure_faults(run)
     if isinstance(src, list) and src:
         return [Fault(str(f.get("mode", "?")), str(f.get("node", "?")), f.get("rank"),
                       num(f.get("injected_at")), num(f.get("detected_s")), num(f.get("recovered_s")),
-                      f.get("steps_lost"), f.get("world_size_before"), f.get("world_size_after"), _outcome(f))
+                      f.get("steps_lost"), f.get("world_size_before"), f.get("world_size_after"), _outcome(f),
+                      num(f.get("duration_s")))
                 for f in src if isinstance(f, dict)]
     return [Fault(str(e.get("mode")), str(e.get("node", "?")), e.get("rank"), num(e.get("time")),
-                  outcome="not measured (no summary.json faults)")
+                  outcome="not measured (no summary.json faults)", duration_s=num(e.get("duration_s")))
             for e in run.events if e.get("kind") == "fault"]
 
 
 def step_at(run: RunFolder, t: float | None) -> int | None:
-    """The last step completed (any rank) at unix time ``t``."""
-    if t is None:
-        return None
-    done = [r["step"] for r in run.by_event("step") if isinstance(r.get("step"), int)
-            and (num(r.get("time")) or math.inf) <= t]
-    return max(done) if done else None
+    """The step the run had completed at unix time ``t``: :func:`ddplab.faults.step_at` (the one rule
+    of a fault's ``last_step_before`` in summary.json and of the recovery table's "at step")."""
+    return None if t is None else fault_step_at(run.records, t)
 
 
 def world_size_points(run: RunFolder) -> list[tuple[float, int]]:
@@ -206,13 +208,110 @@ def ws_sequence(run: RunFolder) -> list[int]:
     return [e["world_size"] for e in world_size_timeline(run.records)]
 
 
-def idle_gaps(times: Sequence[float], min_gap_s: float = 5.0) -> list[tuple[float, float]]:
-    """Intervals between consecutive step times longer than max(min_gap_s, 5 x median interval)."""
-    if len(times) < 3:
+#: a band of "no training": committed steps this many median step times later than expected
+BAND_K = 20.0
+#: and at least this many seconds later (a tiny model's 12 ms steps: jitter is no band)
+BAND_MIN_S = 2.0
+#: a stop event this much before a band still explains it (the agents stop after their current step)
+STOP_SLACK_S = 60.0
+#: what caused a band, in the order a cause is chosen when several fit (:func:`no_training_bands`)
+BAND_CAUSES = ("fault", "stop", "restart", "checkpoint save", "eval", "unknown")
+
+
+@dataclass(frozen=True)
+class Band:
+    """A stretch without training: from the committed step record at ``start`` (unix s, step
+    ``from_step``) to the next one at ``end`` (step ``to_step``). ``cause`` is one of
+    :data:`BAND_CAUSES`; ``label`` says it for a reader (e.g. ``fault: kill-agent laptop-a``)."""
+
+    start: float
+    end: float
+    from_step: int
+    to_step: int
+    cause: str
+    label: str
+
+    @property
+    def seconds(self) -> float:
+        """The band's length in seconds."""
+        return self.end - self.start
+
+
+def progress_records(run: RunFolder) -> list[Record]:
+    """The committed ``step`` records that trace the group's progress, by time: rank 0's (one
+    series across restarts: rank 0 exists in every generation; every rank's when there is no rank
+    0) or, under per_step, every replica's (each replica is rank 0 of its own group)."""
+    steps = [r for r in run.by_event("step") if r.get("committed") is not False
+             and as_int(r.get("step")) is not None and num(r.get("time")) is not None]
+    if engine(run) != "per_step":
+        steps = [r for r in steps if as_int(r.get("rank")) == 0] or steps
+    return by_time(steps)  # type: ignore[return-value]
+
+
+def median_step_s(steps: Sequence[Record]) -> float | None:
+    """The run's median wall time of one step (s): over consecutive ``steps`` records (by time)
+    that advance the step, time between them / steps between them (step records may be written
+    every ``log_interval`` steps; the gap includes logging, evaluation and checkpoints, not only
+    ``step_time_s``). None with fewer than two such pairs."""
+    per = [(num(b["time"]) - num(a["time"])) / (b["step"] - a["step"])  # type: ignore[operator]
+           for a, b in zip(steps, steps[1:], strict=False) if b["step"] > a["step"]]
+    return statistics.median(per) if len(per) >= 2 else None
+
+
+def _band_cause(run: RunFolder, a: float, b: float, fl: Sequence[Fault]) -> tuple[str, str]:
+    """(cause, label) of the stretch without training from ``a`` to ``b`` (see :func:`no_training_bands`)."""
+    for f in fl:
+        if f.time is None:
+            continue
+        until = f.time + max(f.recovered_s or 0.0, f.duration_s or 0.0)
+        if f.time <= b and until >= a:
+            return "fault", f"fault: {f.mode} {f.node}"
+    # stop.yml records its event before the agents finish their step and stop: up to STOP_SLACK_S earlier
+    kinds = {e.get("kind") for e in run.events if (t := num(e.get("time"))) is not None
+             and a - (STOP_SLACK_S if e.get("kind") == "stop" else 0.0) <= t <= b}
+    said = [word for kind, word in (("stop", "stopped"), ("resume", "resumed"), ("launch", "launched"))
+            if kind in kinds]
+    if said:
+        return "stop", ", then ".join(said)
+    inside = {str(r.get("event")) for r in run.records if a < (num(r.get("time")) or -math.inf) < b}
+    if "start" in inside or "failure" in inside:
+        return "restart", "restart (no fault injected)"
+    found = [c for c, ev in (("checkpoint save", "checkpoint"), ("eval", "val")) if ev in inside]
+    if found:
+        return found[0], " + ".join(found)
+    return "unknown", "unknown"
+
+
+def no_training_bands(run: RunFolder, k: float = BAND_K, min_s: float = BAND_MIN_S) -> list[Band]:
+    """The stretches of the run without training, with what caused each.
+
+    Between two consecutive committed step records (:func:`progress_records`) ``s`` steps apart,
+    ``s`` x the median step time (:func:`median_step_s`) is expected; a gap longer than that by
+    more than ``k`` median step times and ``min_s`` seconds is a band, and so is any gap longer
+    than expected by more than ``min_s`` (and one step time) that overlaps a fault's time to
+    recovery (injection to ``recovered_s``, or its ``duration_s``). Cause, the first that fits:
+    ``fault`` (that overlap), ``stop`` (a stop, resume or launch event inside; a stop event up to
+    :data:`STOP_SLACK_S` before), ``restart`` (a start or failure record inside, no fault),
+    ``checkpoint save`` / ``eval`` (a checkpoint / val record inside), else ``unknown``.
+    [] with fewer than three step records. Raises ValueError for ``k`` <= 0.
+    """
+    if k <= 0:
+        raise ValueError(f"k={k}: a band must be longer than expected by a positive number of step times")
+    steps = progress_records(run)
+    med = median_step_s(steps)
+    if med is None or len(steps) < 3:
         return []
-    deltas = [b - a for a, b in zip(times, times[1:], strict=False)]
-    limit = max(min_gap_s, 5 * statistics.median(deltas))
-    return [(a, b) for a, b in zip(times, times[1:], strict=False) if b - a > limit]
+    fl = faults(run)
+    out: list[Band] = []
+    for a, b in zip(steps, steps[1:], strict=False):
+        ta, tb = float(a["time"]), float(b["time"])
+        excess = (tb - ta) - max(b["step"] - a["step"], 0) * med
+        if excess <= max(med, min_s):
+            continue
+        cause, label = _band_cause(run, ta, tb, fl)
+        if excess > k * med or cause == "fault":
+            out.append(Band(ta, tb, a["step"], b["step"], cause, label))
+    return out
 
 
 @dataclass(frozen=True)

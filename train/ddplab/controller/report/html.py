@@ -11,12 +11,15 @@ import jinja2
 
 from ddplab.controller import straggler
 from ddplab.controller.report.data import (
+    BAND_K,
+    BAND_MIN_S,
     Fault,
     Restart,
     distinct_samples,
     engine,
     faults,
     first_set,
+    no_training_bands,
     per_world_size,
     restarts,
     run_status,
@@ -163,6 +166,8 @@ def render_page(run: RunFolder, findings: list[straggler.StragglerFinding], plot
                "allreduce": "—" if w.allreduce_share is None else f"{w.allreduce_share:.0%}",
                "tokens": "—" if w.tokens_per_s is None else f"{w.tokens_per_s:,.0f}"}
               for w in per_world_size(run)]
+    bands = [{"from": _fmt_clock(b.start, t0), "seconds": f"{b.seconds:.1f}", "cause": b.cause,
+              "steps": f"{b.from_step} → {b.to_step}", "label": b.label} for b in no_training_bands(run)]
     start_txt = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0))
     return environment().get_template("report.html.j2").render(
         run_id=run.run_id, status=status, status_class=status_class,
@@ -177,5 +182,6 @@ def render_page(run: RunFolder, findings: list[straggler.StragglerFinding], plot
                    "text": straggler.format_finding(f)} for f in findings],
         margin_pct=f"{margin:.0%}", window=window, clock_pct=f"{clock_drop:.0%}",
         per_ws=per_ws, cpu_has=cpu_has, events=events, made=time.strftime("%Y-%m-%d %H:%M:%S"),
-        engine=engine(run),
+        engine=engine(run), bands=bands,
+        band_rule=f"{BAND_K:.0f} median step times and {BAND_MIN_S:.0f} s",
     )

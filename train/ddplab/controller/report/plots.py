@@ -13,13 +13,14 @@ from typing import Any
 
 from ddplab.controller import straggler
 from ddplab.controller.report.data import (
+    Band,
     Fault,
     ReplicaStart,
     Restart,
     engine,
     faults,
-    idle_gaps,
     loss_per_step,
+    no_training_bands,
     restarts,
     step_at,
     step_series,
@@ -211,25 +212,43 @@ def plot_step_time(run: RunFolder, findings: list[straggler.StragglerFinding], m
     plt.close(fig)
 
 
+#: band colour per cause (data.BAND_CAUSES)
+BAND_COLORS = {"fault": "crimson", "stop": "gray", "restart": "darkorange", "checkpoint save": "tab:blue",
+               "eval": "tab:green", "unknown": "tab:purple"}
+
+
+def _band_texts(bands: Sequence[Band]) -> list[str]:
+    """The text over each band: its length and cause (a fault's mode and node on a second line)."""
+    out = []
+    for b in bands:
+        cause = b.label.removeprefix("fault: ").replace(" + ", "\n+ ")
+        out.append(f"{b.seconds:.0f} s {'fault' if b.cause == 'fault' else ''}\n{cause}".replace(" \n", "\n"))
+    return out
+
+
 def plot_world_size(run: RunFolder, fl: list[Fault], rs: list[Restart], tx: TimeAxis, out: Path) -> None:
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(11, 3.2))
+    fig, ax = plt.subplots(figsize=(11, 3.6))
     tl = world_size_points(run)
     if tl:
-        gaps = idle_gaps([t for t, _ in tl])
+        bands = no_training_bands(run)
         # one line per stretch of training: the line stops where the steps stop
-        starts = [tl[0][0]] + [b for _, b in gaps]
+        starts = [tl[0][0]] + [b.end for b in bands]
         for i, t_start in enumerate(starts):
-            t_end = gaps[i][0] if i < len(gaps) else tl[-1][0]
+            t_end = bands[i].start if i < len(bands) else tl[-1][0]
             seg = [(t, w) for t, w in tl if t_start <= t <= t_end]
             ax.step([tx(t) for t, _ in seg], [w for _, w in seg], where="post", color="tab:blue", lw=2)
-        mids = [(tx(a) + tx(b)) / 2 for a, b in gaps]
-        gap_label_w = 14 * _CHAR_SHARE * max(tx(tl[-1][0]) - tx(tl[0][0]), 1e-9)
-        rows = label_levels([m - gap_label_w / 2 for m in mids], [gap_label_w] * len(mids), levels=2)
-        for (a, b), mid, lv in zip(gaps, mids, rows, strict=True):
-            ax.axvspan(tx(a), tx(b), color="gray", alpha=0.25)
-            ax.text(mid, 0.45 - 0.2 * lv, f"no training\nfor {b - a:.0f} s", fontsize=8.5,
-                    transform=ax.get_xaxis_transform(), ha="center", va="center", color="dimgray")
+        texts = _band_texts(bands)
+        mids = [(tx(b.start) + tx(b.end)) / 2 for b in bands]
+        span = max(tx(tl[-1][0]) - tx(tl[0][0]), 1e-9)
+        widths = [(max(len(x) for x in t.split("\n")) + 1) * _CHAR_SHARE * span for t in texts]
+        rows = label_levels([m - w / 2 for m, w in zip(mids, widths, strict=True)], widths, levels=3)
+        for b, text, mid, lv in zip(bands, texts, mids, rows, strict=True):
+            colour = BAND_COLORS.get(b.cause, "gray")
+            ax.axvspan(tx(b.start), tx(b.end), color=colour, alpha=0.18, lw=0)
+            ax.text(mid, 0.55 - 0.22 * lv, text, fontsize=8, transform=ax.get_xaxis_transform(), ha="center",
+                    va="center", color=colour, bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.75,
+                                                     "pad": 0.5})
     t_lo, t_hi = (tl[0][0], tl[-1][0]) if tl else (tx.t0, tx.t0)
     for e in run.events:
         t = num(e.get("time"))
@@ -250,8 +269,8 @@ def plot_world_size(run: RunFolder, fl: list[Fault], rs: list[Restart], tx: Time
     per_step = engine(run) == "per_step"  # participants of each committed step, no group restart
     ax.set_ylabel("participants" if per_step else "world size")
     ax.set_title(f"{'Participants' if per_step else 'World size'} over time, engine {engine(run)} "
-                 f"(red: fault, orange: {'process started' if per_step else 'restart'}, gray: no training)",
-                 loc="left")
+                 f"(red line: fault, orange: {'process started' if per_step else 'restart'}; "
+                 "bands: no training, by cause)", loc="left")
     fig.tight_layout()
     save(fig, out)
     plt.close(fig)

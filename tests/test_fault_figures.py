@@ -1,0 +1,181 @@
+"""One figure, one value: kill-node's measurement, summary.json and the report agree, and the
+report's "no training" bands say what caused them (issue #14, the newcomer's findings).
+
+Fixtures (copied from runs/ on the lab, read-only here): ``torchelastic_faults_7570`` (torchelastic,
+log_interval 10: kill-agent laptop-a, its rejoin, poweroff laptop-b, its rejoin, stop.yml, a resume
+to 1100 steps) and ``per_step_cut_off_9e9b`` (per_step: a 200 s partition of laptop-c, a resume).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from ddplab import faults
+from ddplab.controller import rundir
+from ddplab.controller import summary as sm
+from ddplab.controller.report import data, load_run
+from test_faults import ABC, T0, Run
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+TE = FIXTURES / "torchelastic_faults_7570"
+PS = FIXTURES / "per_step_cut_off_9e9b"
+
+
+def copy_run(src: Path, dest: Path) -> Path:
+    shutil.copytree(src, dest)
+    return dest
+
+
+def live_copy(run_dir: Path, cut: dict[str, float], events_until: float) -> Path:
+    """``run_dir/.live`` as kill-node.yml's fetch leaves it: each host's records up to ``cut[host]``
+    (a node that was down keeps the copy of an earlier fetch); events.jsonl up to ``events_until``."""
+    ev = run_dir / "events.jsonl"
+    kept = [x for x in ev.read_text().splitlines() if json.loads(x)["time"] <= events_until]
+    ev.write_text("".join(x + "\n" for x in kept))
+    for host_dir in rundir.host_dirs(run_dir):
+        for f in (host_dir / "metrics").glob("*.jsonl"):
+            keep = [line for line in f.read_text().splitlines()
+                    if json.loads(line)["time"] <= cut[host_dir.name]]
+            out = run_dir / ".live" / host_dir.name / "metrics" / f.name
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text("".join(x + "\n" for x in keep))
+    return run_dir / ".live"
+
+
+def test_poweroff_detection_is_one_value_in_kill_node_and_the_summary(tmp_path, capsys):
+    """The newcomer's kill-node line said poweroff detected 1.9 s, summary.json 1.6 s: the summary
+    counted the powered-off node's own SIGTERM failure record, which kill-node could not read."""
+    run_dir = copy_run(TE, tmp_path / "run")
+    events = rundir.load_events(run_dir)
+    inj = [e for e in events if e["kind"] == "fault"]
+    rejoin_a, poweroff = inj[1]["time"], inj[2]["time"]
+    # kill-node of the poweroff fetches a and c 40 s after it; b is off: its copy is the rejoin's
+    cut = {"laptop-a": poweroff + 40, "laptop-c": poweroff + 40, "laptop-b": rejoin_a + 30}
+    live = live_copy(run_dir, cut, poweroff)
+    assert sm.main(["faults", str(run_dir), "--metrics", str(live), "--last", "--json", "--no-write"]) == 0
+    (kill_node,) = json.loads(capsys.readouterr().out)
+    (run_dir / "events.jsonl").write_text((TE / "events.jsonl").read_text())  # the collected run's
+    summary = sm.build_summary(run_dir)
+    collected = summary["faults"][2]
+    assert (kill_node["mode"], collected["mode"]) == ("poweroff", "poweroff")
+    for key in ("detected_s", "recovered_s", "steps_lost", "restarts", "last_step_before",
+                "world_size_before", "world_size_after", "outcome"):
+        assert kill_node[key] == collected[key], key
+    assert collected["detected_by"] == "failure on laptop-a"
+    assert collected["detected_s"] == pytest.approx(1.865, abs=1e-3)
+    # the human summary prints the same value
+    assert "fault poweroff laptop-b: detected 1.9 s, recovered 20.6 s" in sm.human_summary(summary)
+
+
+def test_kill_node_output_names_the_records_it_read_and_the_node_that_was_down(tmp_path, capsys):
+    run_dir = copy_run(TE, tmp_path / "run")
+    inj = [e for e in rundir.load_events(run_dir) if e["kind"] == "fault"]
+    live = live_copy(run_dir, {"laptop-a": inj[2]["time"] + 40, "laptop-c": inj[2]["time"] + 40,
+                               "laptop-b": inj[1]["time"] + 30}, inj[2]["time"])
+    assert sm.main(["faults", str(run_dir), "--metrics", str(live), "--last", "--no-write",
+                    "--down", "laptop-b"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("poweroff  laptop-b")
+    line = out[-1]
+    assert line.startswith("measured from the records of laptop-a (to ") and "laptop-c (to " in line
+    assert "down, not read now: laptop-b (an older copy to " in line
+    assert "measured again from every node's records when the run is collected" in line
+
+
+def test_a_resume_ends_a_faults_window(tmp_path):
+    """A job that ended after a fault and was resumed later: the resume's new workers are no
+    recovery from the fault (before: 'recovered' after 100 s, restarts counting the resume's)."""
+    run = Run(tmp_path)
+    run.start(ABC, T0 - 1)
+    run.steps(ABC, 1, 10, T0)
+    run.fault("kill-worker", "laptop-b", T0 + 9.5, rank=1)
+    run.failure("laptop-a", T0 + 9.7, 0, 3, step=10, error="no restart left")
+    with (run.dir / "events.jsonl").open("a") as fh:
+        fh.write(json.dumps({"time": T0 + 100, "kind": "resume", "run_id": "r1"}) + "\n")
+    run.start(ABC, T0 + 110, resumed_from_step=10)
+    run.steps(ABC, 11, 20, T0 + 112)
+    (m,) = run.measures()
+    assert m.outcome == "not_recovered" and m.recovered_s is None and m.restarts == 0
+
+
+def test_step_at_is_the_newest_completed_step_any_record_names(tmp_path):
+    """log_interval 10: the step records say 50, a checkpoint record says 55 was completed: the
+    fault's last_step_before and the report's "at step" are both 55 (one function)."""
+    run = Run(tmp_path)
+    run.start(ABC, T0 - 1)
+    for s in (10, 20, 30, 40, 50):
+        run.steps(ABC, s, s, T0 + s)
+    run.rec("laptop-a", "checkpoint", T0 + 55.2, 0, 3, step=55)
+    run.fault("kill-agent", "laptop-c", T0 + 56, rank=2)
+    run.failure("laptop-a", T0 + 56.2, 0, 3, step=56)
+    run.start(("laptop-a", "laptop-b"), T0 + 60, resumed_from_step=56, restart_count=1)
+    run.steps(("laptop-a", "laptop-b"), 60, 60, T0 + 64)
+    folder = load_run(run.dir)
+    m = faults.measure(faults.injections(folder.events)[0], folder.records)
+    assert faults.step_at(folder.records, T0 + 56) == 55
+    assert data.step_at(folder, T0 + 56) == 55
+    # a later record with a smaller step (a restart went back) is the newer truth
+    assert faults.step_at(folder.records, T0 + 70) == 60
+    assert m.steps_lost == 0 and m.last_step_before == 56  # raised by the failure record
+
+
+def bands_of(path: Path) -> list[data.Band]:
+    return data.no_training_bands(load_run(path))
+
+
+def test_bands_follow_the_faults_and_name_their_cause():
+    """The newcomer's report: a 13 s band at a checkpoint under load and none for the 11.5 s
+    kill-agent gap (bands were 5 x the median interval between step records)."""
+    run = load_run(TE)
+    inj = [e for e in run.events if e["kind"] == "fault"]
+    bands = data.no_training_bands(run)
+    by_label = {b.label: b for b in bands}
+    kill = by_label["fault: kill-agent laptop-a"]
+    assert kill.start <= inj[0]["time"] <= kill.end and kill.seconds == pytest.approx(11.5, abs=0.1)
+    assert (kill.from_step, kill.to_step) == (270, 280)
+    off = by_label["fault: poweroff laptop-b"]
+    assert off.start <= inj[2]["time"] <= off.end and off.seconds == pytest.approx(26.3, abs=0.1)
+    assert "fault: rejoin laptop-a" in by_label  # the group restarts to take the node back in
+    ckpt = by_label["checkpoint save + eval"]
+    assert ckpt.cause == "checkpoint save" and ckpt.seconds == pytest.approx(13.5, abs=0.1)
+    stop = by_label["stopped, then resumed"]
+    assert stop.cause == "stop" and stop.seconds > 400
+    assert {b.cause for b in bands} <= set(data.BAND_CAUSES)
+    # every fault that stopped the training has its band
+    for e in inj:
+        if e["mode"] in ("kill-agent", "poweroff"):
+            assert any(b.cause == "fault" and b.start <= e["time"] <= b.end for b in bands), e
+
+
+def test_per_step_partition_band_and_no_noise_bands():
+    bands = bands_of(PS)
+    assert [b.label for b in bands] == ["fault: partition laptop-c"]
+    assert bands[0].seconds == pytest.approx(5.6, abs=0.1)
+
+
+def test_bands_of_a_synthetic_run_with_eval_and_unknown(tmp_path):
+    run = Run(tmp_path)
+    run.start(ABC, T0 - 1)
+    run.steps(ABC, 1, 50, T0)                       # 1 s a step
+    run.rec("laptop-a", "val", T0 + 55, 0, 3, step=50, val_loss=2.0, train_loss=2.0)
+    run.steps(ABC, 51, 100, T0 + 80)                # 30 s for one step: an evaluation
+    run.steps(ABC, 101, 150, T0 + 160)              # 31 s without any record: unknown
+    bands = bands_of(run.dir)
+    assert [(b.from_step, b.to_step, b.cause) for b in bands] == [(50, 51, "eval"), (100, 101, "unknown")]
+    with pytest.raises(ValueError):
+        data.no_training_bands(load_run(run.dir), k=0)
+
+
+def test_report_lists_the_bands_with_their_cause(tmp_path):
+    from ddplab.controller import report
+
+    run_dir = copy_run(TE, tmp_path / "run")
+    path, _ = report.build_report(run_dir)
+    page = path.read_text()
+    assert "Time without training" in page
+    for label in ("kill-agent laptop-a", "poweroff laptop-b", "checkpoint save + eval",
+                  "stopped, then resumed"):
+        assert label in page
