@@ -1,8 +1,18 @@
-"""What the benchmarks share on their command line: the ``--help`` description."""
+"""What the benchmarks share on their command line: the ``--help`` description and formatter.
+
+Run alone (``python benchmarks/benchcli.py [--help]``) it lists the benchmarks with the first
+sentence of each one's docstring; each benchmark's own ``--help`` gives its options and defaults.
+"""
 
 from __future__ import annotations
 
+import argparse
+import ast
 import re
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
 
 
 def first_sentence(doc: str | None) -> str:
@@ -16,3 +26,36 @@ def first_sentence(doc: str | None) -> str:
     paragraph = " ".join((doc or "").strip().split("\n\n")[0].split())
     found = re.search(r"[.?!](?=\s|$)", paragraph)
     return paragraph[: found.end()] if found else paragraph
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """``--help`` that shows every option's default (``(default: ...)`` after its help text) and
+    keeps the description's and epilog's line breaks."""
+
+
+def benchmarks(folder: Path = HERE) -> dict[str, str]:
+    """``{file name: first sentence of its docstring}`` of every benchmark script in ``folder``
+    (every ``*.py`` but this module), sorted by name. The docstrings are read with :mod:`ast`,
+    nothing is imported."""
+    found = {}
+    for path in sorted(folder.glob("*.py")):
+        if path.name != Path(__file__).name:
+            found[path.name] = first_sentence(ast.get_docstring(ast.parse(path.read_text())))
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    """List the benchmarks (also under ``--help``); returns the exit code 0."""
+    listing = "\n".join(f"  {name:<20} {sentence}" for name, sentence in benchmarks().items())
+    parser = argparse.ArgumentParser(
+        description=first_sentence(__doc__) + " Not a benchmark: the benchmarks are listed below.",
+        epilog=f"benchmarks (python benchmarks/<name> --help for each one's options):\n{listing}",
+        formatter_class=HelpFormatter,
+    )
+    parser.parse_args(argv)
+    print(f"benchmarks (python benchmarks/<name> --help for each one's options):\n{listing}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

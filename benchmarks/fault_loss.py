@@ -56,7 +56,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "train")]
 
 import recovery  # noqa: E402  (benchmarks/recovery.py: play, await, plan, load average)
-from benchcli import first_sentence  # noqa: E402  (benchmarks/benchcli.py)
+from benchcli import HelpFormatter, first_sentence  # noqa: E402  (benchmarks/benchcli.py)
 from ddplab import faults  # noqa: E402
 from ddplab.config import build_config  # noqa: E402
 from ddplab.controller.rundir import RunFolderError, load_run, world_size_timeline  # noqa: E402
@@ -683,9 +683,10 @@ def plot(runs: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=first_sentence(__doc__))
-    p.add_argument("-i", "--inventory", default="inventory/lab")
-    p.add_argument("--engine", default="per_step", choices=recovery.ENGINES)
+    p = argparse.ArgumentParser(description=first_sentence(__doc__), formatter_class=HelpFormatter)
+    p.add_argument("-i", "--inventory", default="inventory/lab", help="the inventory every playbook runs on")
+    p.add_argument("--engine", default="per_step", choices=recovery.ENGINES,
+                   help="recovery engine of every run (ddp_job_fault_tolerance)")
     p.add_argument("--seed", type=int, default=1337, help="seed S of clean and faulted")
     p.add_argument(
         "--noise-seeds", type=int, default=3, help="fault-free runs of seeds S+1..S+K for the noise band"
@@ -696,9 +697,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--launch", default="playbooks/train.yml", help="playbook that launches a run")
     p.add_argument("--nodes", type=int, default=3, help="trainers of the inventory")
     p.add_argument("--runs-dir", type=Path, default=REPO / "runs", help="the controller's runs folder")
-    p.add_argument("--out", type=Path, default=None, help="raw figures (JSON)")
-    p.add_argument("--plot", type=Path, default=None, help="validation curves (PNG)")
-    p.add_argument("-e", "--extra", action="append", default=[], help="extra var for every playbook")
+    p.add_argument("--out", type=Path, default=None,
+                   help="raw figures (JSON); unset: <runs-dir>/bench-fault-loss-<time>.json")
+    p.add_argument("--plot", type=Path, default=None,
+                   help="validation curves (PNG); unset: the JSON's path with .png")
+    p.add_argument("-e", "--extra", action="append", default=[],
+                   help="extra var for every playbook (repeatable)")
     p.add_argument(
         "--reuse",
         action="append",

@@ -384,14 +384,10 @@ def test_missing_dataset(controller_case, tmp_path: Path):
     )
 
 
-def test_types_ranges_and_run_config_in_one_run(controller_case):
-    """Wrong types (argument specs), out-of-range ports/timeouts/rdzv_conf, batch 0, and both kinds
-    of bad elastic range (per host), all reported together, one line each, per trainer."""
-    trainers = {
-        "t-a": {"ansible_host": "192.0.2.11", "ddp_job_nnodes_min": 3, "ddp_job_nnodes_max": 2},
-        "t-b": {"ansible_host": "192.0.2.12", "ddp_job_nnodes_max": 5},
-        "t-c": {"ansible_host": "192.0.2.13"},
-    }
+def test_types_ranges_and_run_config_given_with_e_once_before_any_host_task(controller_case):
+    """Wrong types (argument specs), out-of-range ports/timeouts/rdzv_conf and batch 0 given with -e:
+    all reported together, one line each, once (they were one line per trainer), and no trainer's
+    task runs (recap: the controller's play alone)."""
     extra = {
         "rendezvous_port": 80,
         "ddp_job_stop_timeout_s": 0,
@@ -401,38 +397,96 @@ def test_types_ranges_and_run_config_in_one_run(controller_case):
         "ddp_job_train_overrides": {"per_rank_batch_size": 0},
         "validate_port_timeout_s": 0,
     }
-    rc, out, _ = controller_case(trainers, None, "-e", json.dumps(extra))
+    rc, out, _ = controller_case(None, None, "-e", json.dumps(extra))
+    assert_stopped_before_changes(rc, out, ["t-a", "t-b", "t-c"], contacted=False)
+    lines = errors(out)
+    assert len(lines) == 7, lines
+    assert all(line.startswith("-e") for line in lines), lines
+    text = "\n".join(lines)
+    assert "-e ddp_job_max_restarts='many': argument 'ddp_job_max_restarts' is of type str" in text
+    assert "fix: give ddp_job_max_restarts a int (roles/ddp_job/README.md)" in text
+    assert "-e ddp_job_watch='perhaps': " in text and "fix: give ddp_job_watch a bool" in text
+    assert (
+        "-e: rendezvous_port = 80 must be >= 1024 and <= 65535 (below 1024 needs root; "
+        "the store runs unprivileged); fix: correct it"
+    ) in text
+    assert "-e: ddp_job_stop_timeout_s = 0 must be > 0" in text
+    assert "-e: validate_port_timeout_s = 0 must be > 0" in text
+    assert "-e: ddp_job_rdzv_conf {'join_timeout': 0, 'last_call_timeout': 3} has unknown keys" in text
+    assert (
+        "-e: the training program refuses the run configuration: config key "
+        "'per_rank_batch_size' = 0: must be a positive integer (> 0); fix: correct "
+        "ddp_job_train_overrides"
+    ) in text
+
+
+def test_inventory_values_one_line_per_host_naming_variable_value_and_what_is_allowed(controller_case):
+    """A bad value in host_vars (ddp_job_max_steps: abc, a governor Linux does not know, an engine
+    ddp_lab does not know) printed ddp_lab's whole argument spec (KBs) or two lines for one value:
+    now one line each, before any role starts, naming the host(s), variable, value and what is
+    allowed; hosts that share a bad value share the line."""
+    trainers = {
+        "t-a": {"ansible_host": "192.0.2.11", "ddp_job_max_steps": "abc", "cpu_governor_governor": "turbo"},
+        "t-b": {"ansible_host": "192.0.2.12", "ddp_job_fault_tolerance": "bogus",
+                "cpu_governor_governor": "turbo"},
+        "t-c": {"ansible_host": "192.0.2.13", "ddp_job_run_id": "../etc"},
+    }
+    rc, out, _ = controller_case(trainers)
+    assert_stopped_before_changes(rc, out, list(trainers), contacted=False)
+    assert "argument_spec_data" not in out and len(out) < 12000, len(out)
+    lines = errors(out)
+    assert sorted(lines) == sorted([
+        "t-a, t-b: cpu_governor_governor='turbo' (inventory): value of cpu_governor_governor must be one of:"
+        " performance, powersave, ondemand, conservative, schedutil, userspace, got: turbo; fix: give"
+        " cpu_governor_governor a str among performance, powersave, ondemand, conservative, schedutil,"
+        " userspace (roles/cpu_governor/README.md)",
+        "t-a: ddp_job_max_steps='abc' (inventory): argument 'ddp_job_max_steps' is of type str and we were"
+        " unable to convert to int: \"'abc'\" cannot be converted to an int; fix: give ddp_job_max_steps"
+        " a int (roles/ddp_job/README.md)",
+        "t-b: ddp_job_fault_tolerance='bogus' (inventory): value of ddp_job_fault_tolerance must be one of:"
+        " torchelastic, per_step, got: bogus; fix: give ddp_job_fault_tolerance a str among torchelastic,"
+        " per_step (roles/ddp_lab/README.md)",
+        "t-c: ddp_job_run_id='../etc' (inventory): not a run id: a run id is 1-64 of the characters"
+        " A-Z a-z 0-9 . _ -, not starting with '.' (it names the folder runs/<run id> on the controller and"
+        " on every node); fix: give the id of a run, e.g. 20261201-080234-3daa (ls runs/ on the controller)",
+    ]), lines
+
+
+def test_ranges_and_elastic_range_of_inventory_values_per_host(controller_case):
+    """Values of the right type whose range or elastic range is wrong on some hosts: one line per
+    host that has it, after the settings given passed."""
+    trainers = {
+        "t-a": {"ansible_host": "192.0.2.11", "ddp_job_nnodes_min": 3, "ddp_job_nnodes_max": 2},
+        "t-b": {"ansible_host": "192.0.2.12", "ddp_job_nnodes_max": 5, "ddp_job_stop_timeout_s": 0},
+        "t-c": {"ansible_host": "192.0.2.13"},
+    }
+    rc, out, _ = controller_case(trainers)
     assert_stopped_before_changes(rc, out)
     lines = errors(out)
-    by_host = {h: [line for line in lines if line.startswith(f"{h}: ")] for h in trainers}
-    assert sum(map(len, by_host.values())) == len(lines), lines
-    for host, found in by_host.items():
-        text = "\n".join(found)
-        assert f"{host}: ddp_job_max_restarts: argument 'ddp_job_max_restarts' is of type str" in text
-        assert "fix: give ddp_job_max_restarts a int (roles/ddp_job/README.md)" in text
-        assert f"{host}: ddp_job_watch: " in text and "fix: give ddp_job_watch a bool" in text
-        assert (
-            f"{host}: rendezvous_port = 80 must be >= 1024 and <= 65535 (below 1024 needs root; "
-            "the store runs unprivileged); fix: correct it"
-        ) in text
-        assert f"{host}: ddp_job_stop_timeout_s = 0 must be > 0" in text
-        assert f"{host}: validate_port_timeout_s = 0 must be > 0" in text
-        assert (
-            f"{host}: ddp_job_rdzv_conf {{'join_timeout': 0, 'last_call_timeout': 3}} has unknown keys "
-            "or values" in text
-        )
-        assert (
-            f"{host}: the training program refuses the run configuration: config key "
-            "'per_rank_batch_size' = 0: must be a positive integer (> 0); fix: correct "
-            "ddp_job_train_overrides"
-        ) in text
+    assert len(lines) == 3, lines
     assert any(
         line.startswith("t-a: ddp_job_nnodes_min=3 is larger than ddp_job_nnodes_max=2") for line in lines
     )
     assert any(
         line.startswith("t-b: ddp_job_nnodes_max=5 but the inventory has 3 trainer(s)") for line in lines
     )
-    assert not any("nnodes" in line for line in by_host["t-c"])
+    assert "t-b: ddp_job_stop_timeout_s = 0 must be > 0; fix: correct it" in "\n".join(lines)
+
+
+def test_doctor_refuses_a_bad_setting_in_one_line_and_stays_read_only(tmp_path: Path):
+    """doctor.yml had no early check: -e ddp_job_fault_tolerance=bogus printed ddp_lab's whole spec."""
+    _not_twice()
+    trainers = {"t-a": {"ansible_host": "192.0.2.11", "ansible_connection": "ssh"}}
+    path = tmp_path / "hosts.yml"
+    path.write_text(yaml.safe_dump({"all": {"children": {
+        "trainers": {"hosts": trainers}, "rendezvous": {"hosts": local_controller(tmp_path)}}}}))
+    for bad, start in [("ddp_job_fault_tolerance=bogus", "-e ddp_job_fault_tolerance='bogus': value of"),
+                       ("run_id=../etc", "-e run_id='../etc': not a run id")]:
+        rc, out = run_playbooks(ansible_env(), str(path), [DOCTOR], "-e", bad, timeout=300)
+        assert_stopped_before_changes(rc, out, ["t-a"], contacted=False)
+        (line,) = errors(out)
+        assert line.startswith(start), line
+        assert "argument_spec_data" not in out
 
 
 def test_good_settings_pass_without_touching_anything(controller_case):

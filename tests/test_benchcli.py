@@ -2,6 +2,8 @@
 docstring (the first line alone was cut mid-sentence in fault_loss.py and recovery.py)."""
 
 import ast
+import os
+import subprocess
 import sys
 
 import pytest
@@ -32,3 +34,33 @@ def test_every_benchmark_describes_itself_with_its_first_whole_sentence(path):
     assert doc, f"{path.name}: no module docstring"
     assert first_sentence(doc)[-1] in ".?!", f"{path.name}: the first paragraph has no whole sentence"
     assert "description=first_sentence(__doc__)" in source, f"{path.name}: --help does not use first_sentence"
+
+
+def _help(script: str) -> str:
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), "--help"], capture_output=True,
+                          text=True, check=True, timeout=120, env={**os.environ, "COLUMNS": "400"})
+    return done.stdout
+
+
+def test_benchcli_help_lists_the_benchmarks():
+    """``python benchmarks/benchcli.py --help`` printed nothing (a module without a command line)."""
+    out = _help("benchcli.py")
+    assert out.startswith("usage: benchcli.py"), out
+    for path in BENCHMARKS:
+        sentence = first_sentence(ast.get_docstring(ast.parse(path.read_text())))
+        assert f"{path.name} " in out and sentence in out, (path.name, out)
+
+
+def test_fault_loss_help_gives_every_default():
+    """fault_loss.py --help showed no defaults (-i and --engine had no help text at all)."""
+    out = _help("fault_loss.py")
+    options: list[str] = []  # one entry per option: its line and the help lines under it
+    for line in out.split("options:", 1)[1].splitlines():
+        if line.startswith("  -"):
+            options.append(line)
+        elif options and line.startswith("    "):
+            options[-1] += " " + line.strip()
+    options = [o for o in options if not o.startswith("  -h,")]
+    assert len(options) >= 13, out
+    assert all("(default: " in line for line in options), [o for o in options if "(default: " not in o]
+    assert "--seed SEED" in out and "(default: 1337)" in out and "(default: per_step)" in out

@@ -21,7 +21,16 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from labharness import REPO, ansible_env, errors, free_port, load_plugin, local_controller, run_playbooks
+from labharness import (
+    REPO,
+    ansible_env,
+    errors,
+    free_port,
+    load_plugin,
+    local_controller,
+    recap,
+    run_playbooks,
+)
 
 sys.path.insert(0, str(REPO / "train"))
 from ddplab import config  # noqa: E402
@@ -369,28 +378,32 @@ def test_an_unknown_run_is_refused_before_the_store_starts(cluster):
     [
         (
             "ddp_job_fault_tolerance=bogus",
-            "localhost: ddp_job_fault_tolerance: value of ddp_job_fault_tolerance must be"
+            "-e ddp_job_fault_tolerance='bogus': value of ddp_job_fault_tolerance must be"
             " one of: torchelastic, per_step, got: bogus; fix: give",
         ),
         (
             "ddp_job_ft_manager_port=abc",
-            "localhost: ddp_job_ft_manager_port: argument 'ddp_job_ft_manager_port' is of"
+            "-e ddp_job_ft_manager_port='abc': argument 'ddp_job_ft_manager_port' is of"
             " type str and we were unable to convert to int",
         ),
         (
             "validate_mode=bogus",
-            "localhost: validate_mode: value of validate_mode must be one of: preflight, doctor, got: bogus;",
+            "-e validate_mode='bogus': value of validate_mode must be one of: preflight, doctor, got: bogus;",
         ),
-        # the other roles' settings: with the rest of the checks, per trainer (firewall's were not checked)
+        # the other roles' settings too: once, before any host task (they were one line per trainer)
         (
             "ddp_job_start_method=bogus",
-            "t-a: ddp_job_start_method: value of ddp_job_start_method must be one of:"
+            "-e ddp_job_start_method='bogus': value of ddp_job_start_method must be one of:"
             " fork, spawn, got: bogus; fix:",
         ),
         (
             "firewall_manage_ufw=maybe",
-            "t-a: firewall_manage_ufw: argument 'firewall_manage_ufw' is of type str",
+            "-e firewall_manage_ufw='maybe': argument 'firewall_manage_ufw' is of type str",
         ),
+        ("ddp_job_max_steps=abc", "-e ddp_job_max_steps='abc': argument 'ddp_job_max_steps' is of type str"),
+        # a run id's form before any path is built from it (the resume looked in runs/../etc/checkpoints)
+        ("ddp_job_resume_run_id=../etc", "-e ddp_job_resume_run_id='../etc': not a run id: a run id is 1-64"),
+        ("ddp_job_resume_run_id=..", "-e ddp_job_resume_run_id='..': not a run id:"),
     ],
 )
 def test_a_bad_setting_given_is_one_line_not_the_spec(tmp_path: Path, setting, start):
@@ -420,6 +433,7 @@ def test_a_bad_setting_given_is_one_line_not_the_spec(tmp_path: Path, setting, s
     found = errors(out)
     assert len(found) == 1 and found[0].startswith(start), found
     assert "argument_spec_data" not in out and "argument_spec" not in found[0], out[-3000:]
+    assert set(recap(out)) == {"localhost"}, recap(out)  # before any task of a trainer or the controller
 
 
 def test_a_play_without_validate_judges_the_resume_as_ddp_job_does(cluster, tmp_path: Path):

@@ -64,4 +64,25 @@ def test_bad_ids_and_sources_are_one_line_errors():
 
 
 def test_filter_names():
-    assert set(f.FilterModule().filters()) == {"ddp_lab_run_id", "ddp_lab_new_run_id"}
+    assert set(f.FilterModule().filters()) == {
+        "ddp_lab_run_id", "ddp_lab_new_run_id", "ddp_lab_run_id_problems"}
+
+
+@pytest.mark.parametrize("bad", ["../etc", "..", ".", ".rdzv", ".live", "a/b", "a b", "x" * 65])
+def test_a_run_id_is_not_a_path_out_of_runs(bad):
+    """-e ddp_job_resume_run_id=../etc (or '..', or the controller's runs/.rdzv) reached the resume's
+    look into runs/<id>/checkpoints: the form is checked first, one line naming the variable."""
+    (line,) = f.run_id_problems([bad], {"ddp_job_resume_run_id": bad, "run_id": "r1"})
+    assert line.startswith(f"ddp_job_resume_run_id {bad!r} is not a run id: a run id is 1-64 of the"
+                           " characters A-Z a-z 0-9 . _ -, not starting with '.'"), line
+    assert "; fix: give the id of a run, e.g. 20261201-080234-3daa" in line
+    with pytest.raises(ValueError, match="not starting with"):
+        f.resolve_run_id([bad])
+
+
+def test_good_and_absent_run_ids_pass_and_an_unnamed_one_is_a_run_id():
+    assert f.run_id_problems(["", None, "20261201-080234-3daa", "r1", "bench-x.2"], {}) == []
+    assert f.run_id_problems("../x", None)[0].startswith("run id '../x' is not a run id")
+    assert f.run_id_problem("", "run_id") == "" and f.run_id_problem(None) == ""
+    # -e run_id (status, attach, logs, kill-node) is named before the role variable it feeds
+    assert f.run_id_problems(["../x"], {"run_id": "../x", "ddp_job_run_id": "../x"})[0].startswith("run_id ")

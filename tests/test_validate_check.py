@@ -9,8 +9,10 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
-PATH = Path(__file__).resolve().parents[1] / "roles" / "validate" / "action_plugins" / "validate_check.py"
+ROLES = Path(__file__).resolve().parents[1] / "roles"
+PATH = ROLES / "validate" / "action_plugins" / "validate_check.py"
 _spec = importlib.util.spec_from_file_location("validate_check_plugin", PATH)
 vc = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(vc)
@@ -338,11 +340,26 @@ def test_hosts_file_loopback_name_is_a_warning():
     assert warn["detail"].startswith(
         "n0: its hostname laptop-a resolves to 127.0.1.1 (loopback: the '127.0.1.1"
         " <hostname>' line Ubuntu writes to /etc/hosts)")
-    assert ("torchrun --local-addr 10.89.0.11, GLOO_SOCKET_IFNAME=eth0 and --rdzv-endpoint 10.89.0.1:29400"
-            " (as the last launch on this node did: --local-addr 10.89.0.11, GLOO_SOCKET_IFNAME=eth0,"
-            " --rdzv-endpoint 10.89.0.1:29400); nothing to fix") in warn["detail"]
+    assert ("the next one passes torchrun --local-addr 10.89.0.11, GLOO_SOCKET_IFNAME=eth0 and"
+            " --rdzv-endpoint 10.89.0.1:29400 (the last launch on this node passed the same); nothing to fix"
+            ) in warn["detail"]
     never = vc.hosts_file("n0", "laptop-a", ["127.0.1.1"], ROUTE, "10.89.0.1", 29400, SHOW_NONE)
     assert "10.89.0.1:29400; nothing to fix" in never["detail"]
+
+
+def test_hosts_file_says_when_the_last_launch_passed_other_addresses():
+    """Review: the warning said "as the last launch on this node did" beside values the last launch
+    did not pass (another rendezvous port, another route, names instead of addresses)."""
+    for show, port, route, differ in [
+        (SHOW_OK, 29411, ROUTE, "--rdzv-endpoint 10.89.0.1:29400"),
+        (SHOW_OK, 29400, {"dev": "eth1", "src": "10.89.0.12"}, "--local-addr 10.89.0.11"),
+        (SHOW_NAMES, 29400, ROUTE, "--local-addr laptop-a"),
+    ]:
+        detail = vc.hosts_file("n0", "laptop-a", ["127.0.1.1"], route, "10.89.0.1", port, show)["detail"]
+        assert "the same" not in detail and "as the last launch" not in detail, detail
+        assert f"(the last launch on this node passed {vc._launch_words(vc._filters.unit_launch(show))}:" \
+            " not these); nothing to fix" in detail, detail
+        assert differ in detail, detail
 
 
 def test_launch_explicit_names_or_none_yet():
@@ -503,3 +520,56 @@ def test_types_names_the_variable_its_role_and_type():
     (unknown,) = vc.types("laptop-a", ["something odd"], specs, 1)
     assert unknown["name"] is None and unknown["detail"] == (
         "laptop-a: something odd; fix: correct the variable in the inventory, group_vars or -e")
+
+
+SPECS = {r: yaml.safe_load((ROLES / r / "meta" / "argument_specs.yml").read_text())
+         for r in ("ddp_lab", "ddp_job", "cpu_governor")}
+RULES = [{"name": "rendezvous_port", "min": 1024, "max": 65535},
+         {"name": "ddp_job_stop_timeout_s", "above": 0}]
+DEFAULTS = {"ddp_job_fault_tolerance": "torchelastic", "ddp_job_worker_argv": [], "ddp_job_nproc_per_node": 1,
+            "ddp_job_nnodes_min": 1, "ddp_job_nnodes_max": None, "ddp_job_train_overrides": {},
+            "ddp_job_max_steps": None, "ddp_job_preset": None, "ddp_job_threads": None,
+            "ddp_job_dataset_sha256": "0" * 64}
+
+
+def _given(hosts, extra):
+    return [r["detail"] for r in vc.given(SPECS, hosts, extra, RULES, KEYS, ["performance", "powersave"], 3,
+                                          DEFAULTS) if r["status"] == "fail"]
+
+
+def test_given_e_values_once_and_inventory_values_per_host_group():
+    """An -e value is judged once (it is the same on every host): type, run id form, range, and the
+    checks it alone decides; an inventory value's type once for the hosts sharing it."""
+    hosts = {"t-a": {"ddp_job_max_steps": "abc"}, "t-b": {"ddp_job_max_steps": "abc"},
+             "t-c": {"ddp_job_max_steps": 10, "ddp_job_run_id": ".."}}
+    extra = {"ddp_job_nnodes_min": "x", "rendezvous_port": 80, "ddp_job_resume_run_id": "../etc",
+             "ddp_job_fault_tolerance": "per_step", "ddp_job_nproc_per_node": 2}
+    lines = _given(hosts, extra)
+    assert lines[0].startswith("-e ddp_job_nnodes_min='x': argument 'ddp_job_nnodes_min' is of type str")
+    assert lines[1].startswith("-e ddp_job_resume_run_id='../etc': not a run id: a run id is 1-64")
+    assert lines[2].startswith("t-a, t-b: ddp_job_max_steps='abc' (inventory): argument 'ddp_job_max_steps'")
+    assert lines[2].endswith("fix: give ddp_job_max_steps a int (roles/ddp_job/README.md)")
+    assert lines[3].startswith("t-c: ddp_job_run_id='..' (inventory): not a run id")
+    assert lines[4].startswith("-e: rendezvous_port = 80 must be >= 1024 and <= 65535")
+    assert lines[5].startswith("-e: ddp_job_fault_tolerance=per_step (worker argv [], nproc_per_node 2)")
+    assert len(lines) == 6, lines  # nnodes is not judged: its min failed its type
+
+
+def test_given_leaves_a_joint_check_to_each_host_when_the_inventory_sets_one_of_its_inputs():
+    extra = {"ddp_job_fault_tolerance": "per_step"}
+    assert _given({"t-a": {"ddp_job_nproc_per_node": 2}}, extra) == []  # t-a's own: judged per host
+    assert _given({"t-a": {}}, {**extra, "ddp_job_nproc_per_node": "2"})[0].startswith("-e: ddp_job_fault")
+    assert _given({"t-a": {}}, {"ddp_job_nnodes_max": 5})[0].startswith(
+        "-e: ddp_job_nnodes_max=5 but the inventory has 3 trainer(s)")
+    assert _given({"t-a": {}}, {"ddp_job_train_overrides": {"per_rank_batch_size": 0}})[0].startswith(
+        "-e: the training program refuses the run configuration")
+    # a resume's configuration is the run's merged with these: tasks/resume.yml judges it
+    assert _given({"t-a": {}}, {"ddp_job_train_overrides": {"per_rank_batch_size": 0},
+                                "ddp_job_resume_run_id": "r1"}) == []
+
+
+def test_given_good_settings_are_one_ok_record():
+    (ok,) = vc.given(SPECS, {"t-a": {"ddp_job_max_steps": 10}}, {"cpu_governor_governor": "powersave"}, RULES,
+                     KEYS, ["performance", "powersave"], 3, DEFAULTS)
+    assert ok == {"check": "given", "status": "ok",
+                  "detail": "1 setting(s) given with -e, 1 in the inventory: accepted"}

@@ -11,9 +11,43 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-# A run id names a folder on every node and on the controller, and is torchrun's --rdzv-id.
-RUN_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+# A run id names the folder runs/<run id> on every node and on the controller, and is torchrun's
+# --rdzv-id: no '/', and no leading '.' ('.', '..' and the controller's runs/.rdzv, runs/.live).
+RUN_ID = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$")
+RUN_ID_RULE = "1-64 of the characters A-Z a-z 0-9 . _ -, not starting with '.'"
+# The variables that take a run id: the playbooks' -e run_id (status, attach, logs, kill-node) and
+# the roles' settings. The one list the checks of their form read (tasks/run_id.yml, roles/validate).
+RUN_ID_VARS = ("run_id", "ddp_job_resume_run_id", "ddp_job_run_id", "collect_run_id", "fault_run_id")
 SOURCES = ("link", "nodes", "new")
+
+
+def run_id_problem(value: Any, name: str = "run id") -> str:
+    """'' when ``value`` is a run id (:data:`RUN_ID`) or not given ('' or None), else one line naming
+    ``name`` (the variable), the value, the form and the fix, e.g. ``ddp_job_resume_run_id '../etc'
+    is not a run id: ...; fix: ...``. Checked before any path is built from the value."""
+    text = "" if value is None else str(value).strip()
+    if not text or RUN_ID.match(text):
+        return ""
+    return (f"{name} {text!r} is not a run id: a run id is {RUN_ID_RULE} (it names the folder"
+            " runs/<run id> on the controller and on every node); fix: give the id of a run, e.g."
+            " 20261201-080234-3daa (ls runs/ on the controller)")
+
+
+def run_id_problems(candidates: Any, given: Mapping[str, Any] | None = None) -> list[str]:
+    """One line (:func:`run_id_problem`) per bad run id among ``candidates`` (a list, or one id),
+    each named by the first variable of :data:`RUN_ID_VARS` that holds it in ``given`` (a host's
+    vars, e.g. ``hostvars[inventory_hostname]``; else "run id"). [] when every one is good."""
+    if isinstance(candidates, (str, bytes)) or candidates is None:
+        candidates = [candidates]
+    given = given if isinstance(given, Mapping) else {}
+    lines = []
+    for value in candidates:
+        text = "" if value is None else str(value).strip()
+        names = [n for n in RUN_ID_VARS if n in given and str(given.get(n) or "").strip() == text]
+        line = run_id_problem(text, names[0] if names else "run id")
+        if line and line not in lines:
+            lines.append(line)
+    return lines
 
 
 def new_run_id(now: datetime | None = None, token: str | None = None) -> str:
@@ -49,7 +83,7 @@ def resolve_run_id(candidates: Any, sources: Iterable[str] = (), link: Any = Non
     - ``new``: a fresh id (:func:`new_run_id`).
 
     Returns '' when nothing yields one. Raises ValueError for an unknown source, or when the id found
-    is not 1-64 of ``[A-Za-z0-9._-]`` (it names folders and the rendezvous).
+    is not a run id (:data:`RUN_ID`: it names folders and the rendezvous).
     """
     if isinstance(candidates, (str, bytes)) or candidates is None:
         candidates = [candidates]
@@ -67,7 +101,7 @@ def resolve_run_id(candidates: Any, sources: Iterable[str] = (), link: Any = Non
         if found:
             break
     if found and not RUN_ID.match(found):
-        raise ValueError(f"run id {found!r} is not 1-64 of the characters A-Z a-z 0-9 . _ -")
+        raise ValueError(f"run id {found!r} is not {RUN_ID_RULE}")
     return found
 
 
@@ -75,4 +109,5 @@ class FilterModule:
     """ddp_lab filters."""
 
     def filters(self):
-        return {"ddp_lab_run_id": resolve_run_id, "ddp_lab_new_run_id": new_run_id}
+        return {"ddp_lab_run_id": resolve_run_id, "ddp_lab_new_run_id": new_run_id,
+                "ddp_lab_run_id_problems": run_id_problems}

@@ -38,12 +38,22 @@ from pathlib import Path
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
+from ansible.utils.vars import load_extra_vars
 
-_FILTERS = Path(__file__).resolve().parents[1] / "filter_plugins" / "validate.py"
-_spec = importlib.util.spec_from_file_location("ddp_lab_validate_filters", _FILTERS)
-_filters = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_filters)
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_ROLES = Path(__file__).resolve().parents[2]
+_filters = _load("ddp_lab_validate_filters", _ROLES / "validate" / "filter_plugins" / "validate.py")
+# the run id's form has one home: the ddp_lab role's filters (RUN_ID, RUN_ID_VARS, run_id_problem)
+_run_ids = _load("ddp_lab_run_id_filters", _ROLES / "ddp_lab" / "filter_plugins" / "ddp_lab.py")
 
 PROVISION_FIX = "ansible-playbook site.yml --tags provision"
 
@@ -467,6 +477,114 @@ def torch_version(host: str, version: Any) -> dict:
     return record("torch_version", problem, f"python_env_torch_version {version}")
 
 
+# ---- the settings given, once, before any role starts (tasks/given.yml) ---------------------------
+EXTRA = "-e"
+# Checks that read several settings: (check, its inputs). Judged once for -e values only when every
+# input is given with -e or set on no host (so the role's default): then every host sees the same.
+JOINT = (("engine", ("ddp_job_fault_tolerance", "ddp_job_worker_argv", "ddp_job_nproc_per_node")),
+         ("nnodes", ("ddp_job_nnodes_min", "ddp_job_nnodes_max")),
+         ("train_config", ("ddp_job_dataset_sha256", "ddp_job_train_overrides", "ddp_job_preset",
+                           "ddp_job_max_steps", "ddp_job_threads")))
+
+
+def _want(option: Mapping[str, Any]) -> str:
+    want = option.get("type", "str")
+    if option.get("elements"):
+        want += f" of {option['elements']}"
+    if option.get("choices"):
+        want += " among " + ", ".join(map(str, option["choices"]))
+    return want
+
+
+def type_error(name: str, value: Any, option: Mapping[str, Any]) -> str:
+    """What Ansible's argument spec validation (``ArgumentSpecValidator``, the code behind
+    ``validate_argument_spec`` and a role's own check at its start) says of ``value`` for the
+    option ``name`` (one entry of a role's ``meta/argument_specs.yml``, defaults dropped): '' when
+    it is accepted, else its messages joined on one line."""
+    result = ArgumentSpecValidator({name: dict(option)}).validate({name: value})
+    return " ".join(" ".join(str(m).split()) for m in result.error_messages)
+
+
+def given(specs: Mapping[str, Any], hosts: Mapping[str, Mapping[str, Any]], extra: Mapping[str, Any],
+          rules: Sequence[Mapping[str, Any]] = (), rdzv_keys: Sequence[str] = (),
+          governors: Sequence[str] = (), trainers: int = 0, defaults: Mapping[str, Any] | None = None
+          ) -> list[dict]:
+    """The settings given, judged once on the controller before any role starts anywhere.
+
+    Args:
+        specs: ``{role: parsed meta/argument_specs.yml}`` of the roles whose settings are checked.
+        hosts: ``{host: {variable: value}}``, the settings each inventory host has from the
+            inventory (host_vars, group_vars), -e ones left out.
+        extra: ``{variable: value}`` given with -e (the same on every host).
+        rules, rdzv_keys, governors: as the checks ranges, rdzv_conf and governor take them.
+        trainers: how many trainers the inventory has (``ddp_job_nnodes_max``'s default).
+        defaults: the roles' defaults of the inputs of :data:`JOINT`'s checks.
+
+    Returns:
+        One fail record per problem, ``detail`` one line: an -e value once (``-e NAME=VALUE: ...``)
+        against its type, range and, where it is all a check reads, the check (ranges, rdzv_conf,
+        governor, torch_version, engine, nnodes, train_config); an inventory value of the wrong
+        type once for the hosts that share it (``t-a, t-b: NAME=VALUE (inventory): ...``); a value of
+        a run id variable (:data:`RUN_ID_VARS` of the ddp_lab filters) not of a run id's form. Else
+        one ok record.
+    """
+    owners, options = _filters.spec_owners(dict(specs)), _filters.spec_options(dict(specs))
+    failed: list[str] = []
+    bad: set[str] = set()
+
+    def typed(name: str, value: Any) -> str:
+        """'' or what is wrong with this value of ``name`` and the fix (its form for a run id,
+        else its type)."""
+        if name in _run_ids.RUN_ID_VARS:
+            problem = _run_ids.run_id_problem(value, name)
+            if problem:  # "<name> '<value>' is not a run id: <form>; fix: ..." without the name
+                return "not a run id: " + problem.split(" is not a run id: ", 1)[1]
+        if name not in options:
+            return ""
+        error = type_error(name, value, options[name])
+        want, role = _want(options[name]), owners[name]
+        return error and f"{error}; fix: give {name} a {want} (roles/{role}/README.md)"
+
+    for name in sorted(extra):
+        problem = typed(name, extra[name])
+        if problem:
+            bad.add(name)
+            failed.append(f"{EXTRA} {name}={extra[name]!r}: {problem}")
+    shared: dict[tuple[str, str, str], list[str]] = {}
+    for host, values in hosts.items():
+        for name in sorted(set(values) - set(extra)):
+            problem = typed(name, values[name])
+            if problem:
+                shared.setdefault((name, repr(values[name]), problem), []).append(host)
+    for (name, shown, problem), where in shared.items():
+        failed.append(f"{', '.join(where)}: {name}={shown} (inventory): {problem}")
+
+    mine = {n: v for n, v in extra.items() if n not in bad}
+    records = [{"check": "given", "status": "fail", "detail": d} for d in failed]
+    found = [r for r in ranges(EXTRA, mine, rules) if r["status"] == "fail"]
+    if "ddp_job_rdzv_conf" in mine:
+        found.append(rdzv_conf(EXTRA, mine["ddp_job_rdzv_conf"], rdzv_keys))
+    if "cpu_governor_governor" in mine:
+        found.append(governor(EXTRA, str(mine["cpu_governor_governor"]), governors))
+    if "python_env_torch_version" in mine:
+        found.append(torch_version(EXTRA, mine["python_env_torch_version"]))
+    set_somewhere = {n for values in hosts.values() for n in values}
+    resume = any(v.get("ddp_job_resume_run_id") for v in [extra, *hosts.values()])
+    for check, names in JOINT:
+        if (not set(names) & set(mine) or set(names) & bad or (set(names) - set(extra)) & set_somewhere
+                or (check == "train_config" and resume) or (check == "nnodes" and not trainers)):
+            continue
+        value = {n: mine[n] if n in mine else (defaults or {}).get(n) for n in names}
+        if check in ("engine", "train_config"):  # their inputs in JOINT's order
+            found.append(PURE[check](EXTRA, *value.values()))
+        elif check == "nnodes":
+            nmax = trainers if value["ddp_job_nnodes_max"] is None else value["ddp_job_nnodes_max"]
+            found.append(nnodes(EXTRA, value["ddp_job_nnodes_min"], nmax, trainers))
+    records += [dict(r, check="given") for r in found if r["status"] == "fail"]
+    ok = f"{len(extra)} setting(s) given with -e, {len(set_somewhere)} in the inventory: accepted"
+    return records or [record("given", None, ok)]
+
+
 # ---- on the node (tasks/node.yml) -----------------------------------------------------------------
 def reachable(host: str, facts: Mapping[str, Any] | None, msg: str = "") -> dict:
     """The node answered the fact gathering (``facts``: its ``ansible_facts``; None: it did not,
@@ -494,14 +612,20 @@ def hosts_file(host: str, hostname: str, addresses: Sequence[str], route: Mappin
         found = ", ".join(addresses) or "nothing (not needed: ddp-lab passes addresses)"
         return record("hosts_file", None, f"{hostname} resolves to {found}")
     launch = _filters.unit_launch(unit_show)
-    seen = (f" (as the last launch on this node did: {_launch_words(launch)})"
-            if launch["loaded"] and launch["local_addr"] else "")
+    nxt = {"local_addr": route.get("src"), "gloo_socket_ifname": route.get("dev"),
+           "rdzv_endpoint": f"{target}:{port}"}
+    if not (launch["loaded"] and launch["local_addr"]):
+        seen = ""
+    elif all(str(launch[k]) == str(v) for k, v in nxt.items()):
+        seen = " (the last launch on this node passed the same)"
+    else:  # say which differ: an older launch, another rendezvous address or port, a changed route
+        seen = f" (the last launch on this node passed {_launch_words(launch)}: not these)"
     return record("hosts_file", (
         f"{host}: its hostname {hostname} resolves to {loop[0]} (loopback: the '127.0.1.1 <hostname>' line"
         " Ubuntu writes to /etc/hosts), so a program that finds its own address by name gets loopback."
-        " ddp-lab does not rely on the name: every launch passes explicit addresses, torchrun --local-addr"
-        f" {route.get('src')}, GLOO_SOCKET_IFNAME={route.get('dev')} and --rdzv-endpoint"
-        f" {target}:{port}{seen};"
+        " ddp-lab does not rely on the name: every launch passes explicit addresses; the next one passes"
+        f" torchrun --local-addr {nxt['local_addr']}, GLOO_SOCKET_IFNAME={nxt['gloo_socket_ifname']} and"
+        f" --rdzv-endpoint {nxt['rdzv_endpoint']}{seen};"
         " nothing to fix (remove the line only if other tools need the name to resolve to the LAN address)"),
         "", "warn")
 
@@ -644,6 +768,8 @@ class ActionModule(ActionBase):
             key = args.get("key") or key
             values = {h: hv[h].get(key, "") for h in task_vars.get("ansible_play_hosts", [])}
             return func(host, values)
+        if check == "given":
+            return self._given(args, task_vars)
         if check == "rdzv_conf":
             return rdzv_conf(host, args.get("conf"), args.get("keys") or [])
         if check == "nnodes":
@@ -676,6 +802,21 @@ class ActionModule(ActionBase):
                         args.get("state") or {}, args.get("stderr") or "", args.get("held") or [],
                         args.get("holder") or "", args.get("parent") or "", args.get("state_dir") or "")
         raise AnsibleActionFail(f"validate_check: unknown check {check!r}")
+
+    def _given(self, args: Mapping[str, Any], task_vars: dict) -> list[dict]:
+        """The check ``given``: ``specs``, ``hosts`` (the inventory hosts to read), ``rules``,
+        ``rdzv_keys``, ``governors``, ``trainers``, ``defaults`` (see :func:`given`). Which settings
+        came with -e is what ansible-playbook parsed from its command line (``load_extra_vars``);
+        their values and each host's are read from ``hostvars`` (rendered as the roles see them)."""
+        hv = task_vars["hostvars"]
+        options = _filters.spec_options(dict(args["specs"]))
+        names = set(options) | set(_run_ids.RUN_ID_VARS)
+        extra_names = set(load_extra_vars(self._loader)) & names
+        here = hv[task_vars.get("inventory_hostname", "localhost")]
+        extra = {n: here[n] for n in extra_names if n in here}
+        hosts = {h: {n: hv[h][n] for n in names - extra_names if n in hv[h]} for h in args.get("hosts") or []}
+        return given(args["specs"], hosts, extra, args.get("rules") or [], args.get("rdzv_keys") or [],
+                     args.get("governors") or [], int(args.get("trainers") or 0), args.get("defaults") or {})
 
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
