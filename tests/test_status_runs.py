@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from ddplab import status as st
-from test_status_table import FAKE_JOURNALCTL, PLAYBOOK, RUN_ID, UNITS, _case, _play, recs, table
+from test_status_table import FAKE_JOURNALCTL, PLAYBOOK, RUN_ID, UNITS, _case, _play, filters, recs, table
 
 OLD, NEW = RUN_ID, "20261201-101500-beef"
 
@@ -169,3 +169,67 @@ def test_site_collect_after_a_launch_without_a_watch_leaves_the_run_running(tmp_
     assert out.returncode == 0, text
     assert "(launched with ddp_job_watch=false): not collected" in text, text
     assert not (runs / RUN_ID / "summary.json").exists(), text
+
+
+def test_attach_plan_follows_only_a_run_an_agent_unit_speaks_of():
+    stop = {"kind": "stop", "time": 1_800_000_000.0, "hosts": ["a", "b"]}
+    running = {"state": "running", "unit_holds_run": True, "run_state": "running"}
+    gone = {"state": "absent", "unit_holds_run": None, "run_state": "failed"}
+    other = {"state": "running", "unit_holds_run": False, "run_state": "succeeded", "current_run": NEW}
+    plan = filters.attach_plan({"a": running, "b": gone}, stop, OLD)
+    assert plan["watch"] and not plan["other_job"] and plan["line"] == ""
+    plan = filters.attach_plan({"a": gone, "b": gone}, stop, OLD)
+    assert plan["states"] == {"a": "stopped", "b": "stopped"} and not plan["watch"]
+    assert plan["line"].startswith(f"run {OLD} does not run any more (a: stopped, b: stopped; stopped by "
+                                   "stop.yml at "), plan
+    plan = filters.attach_plan({"a": other, "b": {"state": "unreachable"}}, {}, OLD)
+    assert plan["states"] == {"a": "succeeded", "b": "unreachable"} and plan["other_job"]
+    assert plan["line"] == (f"run {OLD} does not run any more (a: ended, b: unreachable): nothing to follow; "
+                            f"it is collected now (the trainers' agents run run {NEW})")
+
+
+@pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
+def test_attach_collects_a_stopped_run_whose_unit_systemd_dropped(tmp_path):
+    """newcomer: attach.yml refused a run stop.yml had stopped once systemd had dropped its agent
+    unit ('no job of run R on any trainer'): it says the run was stopped and collects it."""
+    inv, env = _case(tmp_path, {"laptop-x": "absent", "laptop-y": "absent"})
+    data = json.loads(inv.read_text())
+    del data["all"]["children"]["trainers"]["hosts"]["laptop-off"]
+    inv.write_text(json.dumps(data))
+    (tmp_path / "bin" / "journalctl").write_text(FAKE_JOURNALCTL)
+    (tmp_path / "bin" / "journalctl").chmod(0o755)
+    for i, host in enumerate(("laptop-x", "laptop-y")):
+        m = tmp_path / "base" / host / "runs" / RUN_ID / "metrics"
+        m.mkdir(parents=True)
+        (m / f"{host}-local0.jsonl").write_text(_lines(recs(host, i, 40, failure="Terminated: SIGTERM")))
+    events = [{"time": 1.0, "kind": "launch", "run_id": RUN_ID, "hosts": ["laptop-x", "laptop-y"]},
+              {"time": recs("x", 0, 40)[-1]["time"], "kind": "stop", "run_id": RUN_ID,
+               "hosts": ["laptop-x", "laptop-y"]}]
+    runs = tmp_path / "runs"
+    (runs / RUN_ID / "events.jsonl").write_text(_lines(events))
+    out = _play(inv, env, "attach.yml", "ddp_job_watch_interval_s=1", "ddp_job_watch_timeout_s=5",
+                f"collect_runs_dir={runs}", f"report_runs_dir={runs}")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert (f"run {RUN_ID} does not run any more (laptop-x: stopped, laptop-y: stopped; stopped by stop.yml "
+            "at ") in text, text
+    assert "Watch the training" not in text, text
+    assert json.loads((runs / RUN_ID / "summary.json").read_text())["outcome"] == "stopped"
+
+
+@pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
+def test_attach_to_an_older_run_collects_it_and_leaves_the_running_job_and_its_store(tmp_path):
+    inv, env = _two_runs(tmp_path)
+    (tmp_path / "bin" / "journalctl").write_text(FAKE_JOURNALCTL)
+    (tmp_path / "bin" / "journalctl").chmod(0o755)
+    runs = tmp_path / "runs"
+    out = _play(inv, env, "attach.yml", f"run_id={OLD}", "ddp_job_watch_interval_s=1",
+                "ddp_job_watch_timeout_s=5", f"collect_runs_dir={runs}", f"report_runs_dir={runs}")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert (f"run {OLD} does not run any more (laptop-x: ended, laptop-y: ended): nothing to follow; it is "
+            f"collected now (the trainers' agents run run {NEW})") in text, text
+    assert "Watch the training" not in text, text
+    stop = text.split("TASK [Stop the store]", 1)[1].split("TASK [", 1)[0]
+    assert "skipping: [controller]" in stop, text  # the running run's store stays
+    assert json.loads((runs / OLD / "summary.json").read_text())["outcome"] == "finished"

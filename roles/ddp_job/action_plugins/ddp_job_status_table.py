@@ -24,9 +24,11 @@ line) and ``table`` (the text printed).
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from ansible.plugins.action import ActionBase
@@ -38,6 +40,19 @@ from rich.text import Text
 
 display = Display()
 
+
+def _filters():
+    """The role's filter plugin (filter_plugins/ddp_job.py: run_state_of, the one home of a node's
+    run state), imported from its file: role plugins are files, not packages."""
+    path = Path(__file__).resolve().parents[1] / "filter_plugins" / "ddp_job.py"
+    spec = importlib.util.spec_from_file_location("ddp_job_role_filters", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+FILTERS = _filters()
+
 ARGS = {
     "nodes": {"type": "dict", "required": True},
     "store": {"type": "dict", "default": {}},
@@ -48,9 +63,7 @@ ARGS = {
 }
 
 # ddplab.status job states (and the plugin's own) -> the word in the table
-AGENT = {"running": "running", "succeeded": "ended", "failed": "failed", "absent": "no job",
-         "unreachable": "unreachable", "error": "error", "stopped": "stopped",
-         "interrupted": "interrupted"}
+AGENT = FILTERS.WORDS
 # agent words that make status.yml exit non-zero
 BAD = ("failed", "unreachable", "error")
 COLUMNS = ("node", "agent", "run", "step", "loss", "val", "ws", "rank", "tok/s", "restarts",
@@ -73,17 +86,10 @@ def row_of(host: str, res: Mapping[str, Any] | None, stop: Mapping[str, Any] | N
     ended | failed | stopped | no job | unreachable | error.
     """
     res = res or {}
-    state = "absent" if res.get("skipped") or not res.get("state") else str(res["state"])
-    # the unit is another (later) run's, or gone: the run's own state from its records
-    # (ddplab.status run_state: succeeded | failed | interrupted)
-    if state not in ("unreachable", "error") and res.get("run_state") and (
-            res.get("unit_holds_run") is False or state == "absent"):
-        state = str(res["run_state"])
+    state = FILTERS.run_state_of(res, host, stop)
     p = res.get("progress") or {}
     failure = p.get("failure") or ""
-    # stop.yml's SIGTERM fails the unit, or ends it cleanly (then systemd drops it: absent)
-    if state in ("failed", "absent", "interrupted") and host in ((stop or {}).get("hosts") or []):
-        state = "stopped"
+    if state == "stopped":
         when = time.strftime("%H:%M:%S", time.localtime(float(stop.get("time") or 0)))
         failure = f"stopped by stop.yml at {when}"
     if state == "failed" and not failure:  # ended without a failure record (killed, OOM, ...)

@@ -1,10 +1,12 @@
-"""Filters of the ddp_job role: which worker logs ``logs.yml`` shows, the input it takes, and
-whether stop.yml stopped the run the watch followed."""
+"""Filters of the ddp_job role: which worker logs ``logs.yml`` shows, the input it takes,
+whether stop.yml stopped the run the watch followed, and the state of the run looked at on a node
+(status.yml's table and attach.yml: :func:`run_state_of`)."""
 
 from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -83,6 +85,62 @@ def stop_event(events_text: Any) -> dict[str, Any]:
     return found
 
 
+def run_state_of(res: Mapping[str, Any] | None, host: str, stop: Mapping[str, Any] | None = None) -> str:
+    """The state of the run looked at on one node, from its ``ddp_job_status`` (ddp_job_watch with
+    ``once``: ddplab.status's document) and the run's stop event (:func:`stop_event`): running |
+    succeeded | failed | absent | unreachable | error (the agent unit's, while the unit holds the
+    run), or, when the unit is another run's or gone, the run's own by its records (succeeded |
+    failed | interrupted: ddplab.status ``run_state``); ``stopped`` for a node the stop event names
+    whose agent failed, ended without a record or was dropped. The one home of this decision, for
+    status.yml's table and attach.yml. A skipped or missing result is ``absent``."""
+    res = res or {}
+    state = "absent" if res.get("skipped") or not res.get("state") else str(res["state"])
+    if state not in ("unreachable", "error") and res.get("run_state") and (
+            res.get("unit_holds_run") is False or state == "absent"):
+        state = str(res["run_state"])
+    # stop.yml's SIGTERM fails the unit, or ends it cleanly (then systemd drops it: absent)
+    if state in ("failed", "absent", "interrupted") and host in ((stop or {}).get("hosts") or []):
+        state = "stopped"
+    return state
+
+
+def unit_tells_run(res: Mapping[str, Any] | None) -> bool:
+    """Whether a node's agent unit speaks of the run looked at (it holds the run, or may: not
+    known), so that following it (the watch) follows this run: not when the unit is another run's,
+    gone, or the node could not be read."""
+    res = res or {}
+    return (res.get("state") not in (None, "absent", "unreachable", "error")
+            and res.get("unit_holds_run") is not False and not res.get("skipped"))
+
+
+# run_state_of's states -> the word status.yml's table and attach.yml show
+WORDS = {"running": "running", "succeeded": "ended", "failed": "failed", "absent": "no job",
+         "unreachable": "unreachable", "error": "error", "stopped": "stopped",
+         "interrupted": "interrupted"}
+
+
+def attach_plan(results: Mapping[str, Any], stop: Mapping[str, Any] | None = None,
+                run_id: str = "") -> dict[str, Any]:
+    """What attach.yml does with the run looked at, from every trainer's ``ddp_job_status``
+    (host -> result) and the run's stop event: ``{states, watch, other_job, line}``. ``states``:
+    host -> :func:`run_state_of`; ``watch``: some agent unit speaks of the run
+    (:func:`unit_tells_run`), so the watch follows it; ``other_job``: a trainer's agent runs
+    another run (the store is not this run's to stop); ``line``: when not watched, the one line
+    that says how the run ended on each node (it is collected next)."""
+    states = {h: run_state_of(r, h, stop) for h, r in results.items()}
+    watch = any(unit_tells_run(r) for r in results.values())
+    others = sorted({str((r or {}).get("current_run") or "?") for r in results.values()
+                     if (r or {}).get("unit_holds_run") is False and (r or {}).get("state") == "running"})
+    line = ""
+    if not watch:
+        nodes = ", ".join(f"{h}: {WORDS.get(s, s)}" for h, s in states.items())
+        when = (f"; stopped by stop.yml at {time.strftime('%H:%M:%S', time.localtime(float(stop['time'])))}"
+                if (stop or {}).get("time") else "")
+        line = (f"run {run_id} does not run any more ({nodes}{when}): nothing to follow; it is collected now"
+                + (f" (the trainers' agents run run {', '.join(others)})" if others else ""))
+    return {"states": states, "watch": watch, "other_job": bool(others), "line": line}
+
+
 class FilterModule:
     """The filters above, named ddp_job_*."""
 
@@ -92,4 +150,5 @@ class FilterModule:
             "ddp_job_newest_stderr": newest_stderr,
             "ddp_job_logs_input_problems": logs_input_problems,
             "ddp_job_stop_event": stop_event,
+            "ddp_job_attach_plan": attach_plan,
         }
