@@ -4,6 +4,7 @@ import json
 import time
 
 import pytest
+from ddplab import records as records_mod
 from ddplab import status as st
 
 T0 = 1_800_000_000.0
@@ -218,8 +219,8 @@ def test_a_long_file_whose_tail_holds_its_start_is_not_searched(tmp_path, monkey
     first = _long_file(out / "metrics" / "h-local0.jsonl", 6000, start_at=5900, resumed_from_step=5900)
     first.rename(first.with_name("g-local0.jsonl"))  # the writer names its file h-local0.jsonl
     searched = []
-    real = st.newest_start_record
-    monkeypatch.setattr(st, "newest_start_record", lambda *a: searched.append(a) or real(*a))
+    real = records_mod.newest_start_record
+    monkeypatch.setattr(records_mod, "newest_start_record", lambda *a: searched.append(a) or real(*a))
     records, _ = st.read_node_metrics(out / "metrics")
     assert searched == []
     assert [r["resumed_from_step"] for r in records if r["event"] == "start"] == [5900]
@@ -239,3 +240,19 @@ def test_newest_start_record_skips_lines_that_only_mention_a_start(tmp_path):
     assert st.newest_start_record(f, 5)["run_id"] == "a"  # only lines that begin before byte 5
     (tmp_path / "empty.jsonl").write_text("")
     assert st.newest_start_record(tmp_path / "empty.jsonl", 100) is None
+
+
+def test_one_per_file_reader_serves_the_node_and_the_controller(tmp_path):
+    """Review: ddplab.status read each metrics file itself beside records.read_metrics_dir; both now
+    read through records.read_metrics_file (the tail and its start for the node, the whole file and
+    the host for the controller)."""
+    out = tmp_path / "run"
+    path = _long_file(out / "metrics" / "h-local0.jsonl", 6000, start_at=0)
+    whole, _ = records_mod.read_metrics_file(path)
+    tail, _ = records_mod.read_metrics_file(path, st.TAIL_BYTES)
+    kept, _ = records_mod.read_metrics_file(path, st.TAIL_BYTES, keep_start=True)
+    assert len(whole) == 6001 and not records_mod.events_of(tail, "start")
+    assert kept[:-1] == tail and kept[-1] == records_mod.events_of(whole, "start")[0]
+    assert st.read_node_metrics(out / "metrics") == records_mod.read_metrics_dir(
+        out / "metrics", tail_bytes=st.TAIL_BYTES, keep_start=True)
+    assert records_mod.read_metrics_dir(out / "metrics", host="x")[0] == records_mod.by_time(whole)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -105,14 +106,69 @@ def read_new_lines(path: str | Path, offset: int, limit: int) -> tuple[str, int,
     return data.decode("utf-8", errors="replace"), start, start + len(data)
 
 
+# How a start record begins (ddplab.metrics.MetricsWriter: compact JSON, ``event`` first; the
+# spaced form of json.dumps' default separators too): found by a byte search, not by parsing.
+START_MARKS = (b'"event":"start"', b'"event": "start"')
+
+
+def newest_start_record(path: str | Path, end: int) -> dict[str, Any] | None:
+    """The newest ``start`` record of the metrics file ``path`` whose line begins before byte
+    ``end`` (the run id, max_steps and engine of a launch: they are written once, at its start), or
+    None when there is none.
+
+    A backward byte search for :data:`START_MARKS` over the file mapped in memory (mmap), then one
+    line parsed: a 50 MB file costs milliseconds (docs/running.md). Raises OSError when the file
+    cannot be read.
+    """
+    with open(path, "rb") as fh:
+        size = min(end, fh.seek(0, 2))
+        if size <= 0:
+            return None
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            stop = size
+            while stop > 0:
+                pos = max(mm.rfind(mark, 0, stop + len(mark)) for mark in START_MARKS)
+                if pos < 0:
+                    return None
+                first = mm.rfind(b"\n", 0, pos) + 1
+                last = mm.find(b"\n", pos)
+                line = mm[first:last if last >= 0 else len(mm)]
+                try:
+                    rec = json.loads(line.decode("utf-8", errors="replace"))
+                except json.JSONDecodeError:
+                    rec = None  # a torn line
+                if isinstance(rec, dict) and rec.get("event") == "start":
+                    return rec
+                stop = first - 1  # the mark was inside another kind of line: look before it
+    return None
+
+
+def read_metrics_file(path: str | Path, tail_bytes: int | None = None,
+                      keep_start: bool = False) -> tuple[list[dict[str, Any]], int]:
+    """``(records, lines skipped)`` of one metrics file, in file order: all of it, or its last
+    ``tail_bytes`` (:func:`read_jsonl`). ``keep_start``: of a file longer than ``tail_bytes`` whose
+    tail holds no ``start`` record, also the newest one before the tail (:func:`newest_start_record`,
+    appended), so a reader of the tail keeps the run id, max_steps and engine; a file whose tail
+    has its start is not searched. Raises OSError when the file cannot be read."""
+    recs, bad = read_jsonl(path, tail_bytes)
+    if keep_start and tail_bytes is not None and not events_of(recs, "start"):
+        size = Path(path).stat().st_size
+        if size > tail_bytes and (start := newest_start_record(path, size - tail_bytes)) is not None:
+            recs.append(start)
+    return recs, bad
+
+
 def read_metrics_dir(
-    metrics_dir: str | Path, host: str | None = None, tail_bytes: int | None = None
+    metrics_dir: str | Path, host: str | None = None, tail_bytes: int | None = None,
+    keep_start: bool = False,
 ) -> tuple[list[dict[str, Any]], int]:
     """``(records of every *.jsonl in metrics_dir sorted by time, lines skipped)``; ``([], 0)`` when
-    the folder is missing.
+    the folder is missing. Each file is read by :func:`read_metrics_file`.
 
     ``host``: set on records without one (the host folder a collected file came from).
-    ``tail_bytes``: see :func:`read_jsonl`. Raises OSError when a file cannot be read.
+    ``tail_bytes``, ``keep_start``: see :func:`read_metrics_file` (the node's status reads tails
+    and keeps each file's start: ddplab.status.read_node_metrics). Raises OSError when a file
+    cannot be read.
     """
     metrics_dir = Path(metrics_dir)
     out: list[dict[str, Any]] = []
@@ -120,7 +176,7 @@ def read_metrics_dir(
     if not metrics_dir.is_dir():
         return out, skipped
     for path in sorted(metrics_dir.glob("*.jsonl")):
-        recs, bad = read_jsonl(path, tail_bytes)
+        recs, bad = read_metrics_file(path, tail_bytes, keep_start)
         skipped += bad
         for r in recs:
             if host is not None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import mmap
 import socket
 import subprocess
 import sys
@@ -35,18 +34,14 @@ from ddplab import faults
 from ddplab.records import (
     Record,
     as_int,
-    by_time,
     events_of,
+    newest_start_record,  # noqa: F401 - part of this module's API (tests, docs)
     num,
-    read_jsonl,
     read_metrics_dir,
     read_new_lines,
 )
 
 TAIL_BYTES = 256 * 1024  # read at most this much of the end of each metrics file
-# How a start record begins (ddplab.metrics.MetricsWriter: compact JSON, ``event`` first; the
-# spaced form of json.dumps' default separators too): found by a byte search, not by parsing.
-START_MARKS = (b'"event":"start"', b'"event": "start"')
 CHUNK_BYTES = 1024 * 1024  # --chunks-from: at most this much of each metrics file per call
 
 
@@ -139,60 +134,15 @@ def unit_holds_run(out_dir: Path, unit: Mapping[str, str]) -> bool | None:
     return current.strip() == out_dir.name
 
 
-def newest_start_record(path: str | Path, end: int) -> dict[str, Any] | None:
-    """The newest ``start`` record of the metrics file ``path`` whose line begins before byte
-    ``end`` (the run id, max_steps and engine of a launch: they are written once, at its start), or
-    None when there is none.
-
-    A backward byte search for :data:`START_MARKS` over the file mapped in memory (mmap), then one
-    line parsed: a 50 MB file costs milliseconds (docs/running.md). Raises OSError when the file
-    cannot be read.
-    """
-    with open(path, "rb") as fh:
-        size = min(end, fh.seek(0, 2))
-        if size <= 0:
-            return None
-        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            stop = size
-            while stop > 0:
-                pos = max(mm.rfind(mark, 0, stop + len(mark)) for mark in START_MARKS)
-                if pos < 0:
-                    return None
-                first = mm.rfind(b"\n", 0, pos) + 1
-                last = mm.find(b"\n", pos)
-                line = mm[first:last if last >= 0 else len(mm)]
-                try:
-                    rec = json.loads(line.decode("utf-8", errors="replace"))
-                except json.JSONDecodeError:
-                    rec = None  # a torn line
-                if isinstance(rec, dict) and rec.get("event") == "start":
-                    return rec
-                stop = first - 1  # the mark was inside another kind of line: look before it
-    return None
-
-
 def read_node_metrics(metrics_dir: str | Path,
                       tail_bytes: int = TAIL_BYTES) -> tuple[list[dict[str, Any]], int]:
     """``(records, lines skipped)`` of every ``metrics_dir/*.jsonl`` for the node's state, sorted
-    by time: the last ``tail_bytes`` of each file (:func:`ddplab.records.read_jsonl`) and, of a
-    longer file whose tail holds no ``start`` record, also the newest one before that tail
-    (:func:`newest_start_record`), so a long run keeps its run id, max_steps and engine whatever
-    the file's length, and a file whose tail has its start is not searched. ``([], 0)`` without
-    the folder; raises OSError when a file cannot be read."""
-    records: list[dict[str, Any]] = []
-    skipped = 0
-    if not Path(metrics_dir).is_dir():
-        return records, skipped
-    for path in sorted(Path(metrics_dir).glob("*.jsonl")):
-        tail, bad = read_jsonl(path, tail_bytes)
-        records += tail
-        skipped += bad
-        size = path.stat().st_size
-        if size > tail_bytes and not events_of(tail, "start"):
-            start = newest_start_record(path, size - tail_bytes)
-            if start is not None:
-                records.append(start)
-    return by_time(records), skipped
+    by time: the last ``tail_bytes`` of each file and, of a longer file whose tail holds no
+    ``start`` record, the newest one before that tail (:func:`ddplab.records.read_metrics_dir`
+    with ``keep_start``: one per-file reader for the node and the controller), so a long run keeps
+    its run id, max_steps and engine whatever the file's length. ``([], 0)`` without the folder;
+    raises OSError when a file cannot be read."""
+    return read_metrics_dir(metrics_dir, tail_bytes=tail_bytes, keep_start=True)
 
 
 def node_progress(records: Sequence[Record]) -> dict[str, Any]:
