@@ -233,3 +233,21 @@ def test_attach_to_an_older_run_collects_it_and_leaves_the_running_job_and_its_s
     stop = text.split("TASK [Stop the store]", 1)[1].split("TASK [", 1)[0]
     assert "skipping: [controller]" in stop, text  # the running run's store stays
     assert json.loads((runs / OLD / "summary.json").read_text())["outcome"] == "finished"
+
+
+@pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
+def test_logs_of_a_healthy_worker_say_no_stderr_and_show_its_stdout(tmp_path):
+    """newcomer: logs.yml showed a healthy worker's empty stderr as '(empty)', not where its lines
+    are (torchrun --tee 3: stdout.log beside stderr.log, and the journal)."""
+    inv, env = _one_running(tmp_path)
+    worker = tmp_path / f"base/laptop-run/runs/{RUN_ID}/logs/{RUN_ID}_x1/attempt_0/0"
+    worker.mkdir(parents=True)
+    (worker / "stderr.log").write_text("")
+    (worker / "stdout.log").write_text("[ddplab] one\n[ddplab] two\n[ddplab] three\n")
+    out = _play(inv, env, "logs.yml", "node=laptop-run", "rank=0", "lines=2")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert "(empty)" not in text, text
+    assert "no stderr output (a healthy worker writes none); its own lines are in its stdout" in text, text
+    assert "attempt_0/0/stdout.log (last 2 lines)" in text and "[ddplab] three" in text, text
+    assert "[ddplab] one" not in text, text
