@@ -251,7 +251,8 @@ class Replica:
             rank = self.manager.participating_rank()
         except TimeoutError as exc:
             self.manager._quorum_future = None  # the call is over; torchft 0.2.0 has no reset
-            self.quorum_error = f"{type(exc).__name__}: {exc}"
+            # tonic's status text ends in call metadata (", details: [], metadata: MetadataMap {...}")
+            self.quorum_error = f"{type(exc).__name__}: {str(exc).split(', details:')[0]}"
             return None
         self.quorum_error = None
         self.quorum_at = time.monotonic()

@@ -211,6 +211,18 @@ def other_run_note(nodes: Mapping[str, Any], run_id: str = "") -> str:
             "its rows are read from its own records (ended, failed, interrupted, stopped)")
 
 
+def mark_cut_off(rows: Sequence[dict[str, Any]], nodes: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """per_step: a ``failed`` row whose newest failure has cause ``cut_off`` reads ``cut off``
+    (well) when another laptop's job ``ended`` (reached max_steps): its group finished the run and
+    the cut-off replica trained nothing alone, as summary.json says (outcome finished, ``cut_off``).
+    Without a laptop that finished, it stays ``failed``."""
+    if not any(r["agent"] == AGENT.get("succeeded") for r in rows):
+        return list(rows)
+    return [{**r, "agent": "cut off"} if r["agent"] == AGENT.get("failed") and (
+        ((nodes.get(r["node"]) or {}).get("progress") or {}).get("stop_cause") == "cut_off") else r
+        for r in rows]
+
+
 def bad_nodes(rows: Sequence[Mapping[str, str]]) -> list[str]:
     """``node: agent`` of every row whose state makes status.yml fail (failed, unreachable, error)."""
     return [f"{r['node']}: {r['agent']}" for r in rows if r["agent"] in BAD]
@@ -225,7 +237,7 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         _, args = self.validate_argument_spec(argument_spec=ARGS)
-        rows = [row_of(h, r, args["stop"]) for h, r in args["nodes"].items()]
+        rows = mark_cut_off([row_of(h, r, args["stop"]) for h, r in args["nodes"].items()], args["nodes"])
         text = render(rows, args["store"], args["run_id"], args["width"], args["lighthouse"])
         note = other_run_note(args["nodes"], args["run_id"])
         text += f"\n{note}" if note else ""
