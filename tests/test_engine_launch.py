@@ -6,7 +6,6 @@ engine's run.json keys); the fault role's filters (rejoin compares command lines
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 
 import pytest
@@ -142,18 +141,16 @@ def test_rejoin_compares_command_lines_without_the_laptops_own_values():
     )
 
 
-def test_run_engine_from_events():
-    launch = {"kind": "launch", "run_id": "r1", "engine": "per_step"}
-    text = "\n".join(
-        [json.dumps(launch), "not json", json.dumps({"kind": "fault", "engine": "torchelastic"})]
-    )
-    assert fault_filters.run_engine(text) == "per_step"
-    assert fault_filters.run_engine(json.dumps({"kind": "launch", "run_id": "old"})) == "torchelastic"
-    assert fault_filters.run_engine("") == fault_filters.run_engine(None) == "torchelastic"
-    resumed = text + "\n" + json.dumps({"kind": "resume", "engine": "torchelastic"})
-    assert fault_filters.run_engine(resumed) == "torchelastic"
+def test_run_engine_from_the_nodes_run_json():
+    """roles/fault rejoin-launch takes the engine from the node's run.json (the run's one record of
+    its settings), not from a second reader of the controller's events.jsonl."""
+    assert fault_filters.run_engine({"run_id": "r1", "fault_tolerance": "per_step"}) == "per_step"
+    assert fault_filters.run_engine({"run_id": "old", "max_steps": 10}) == "torchelastic"
+    assert fault_filters.run_engine({"fault_tolerance": None}) == "torchelastic"
     with pytest.raises(ValueError, match="not one of"):
-        fault_filters.run_engine(json.dumps({"kind": "launch", "engine": "bogus"}))
+        fault_filters.run_engine({"fault_tolerance": "bogus"})
+    with pytest.raises(ValueError, match="not a JSON object"):
+        fault_filters.run_engine(["per_step"])
 
 
 def test_torchft_pinned_alike_on_controller_and_nodes():

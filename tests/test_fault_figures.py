@@ -179,3 +179,20 @@ def test_report_lists_the_bands_with_their_cause(tmp_path):
     for label in ("kill-agent laptop-a", "poweroff laptop-b", "checkpoint save + eval",
                   "stopped, then resumed"):
         assert label in page
+
+
+def test_the_reports_at_step_is_the_summarys_last_step_before(tmp_path):
+    """log_interval 10: the kill-agent hit the group at step 273 (its failure records say so); the
+    recovery table said 270 (the newest step record) beside summary.json's 273."""
+    from ddplab.controller.report import html
+
+    run_dir = copy_run(TE, tmp_path / "run")
+    sm.write_summary(run_dir, sm.build_summary(run_dir))
+    run = load_run(run_dir)
+    measured = [f["last_step_before"] for f in run.summary["faults"]]
+    assert measured[0] == 273
+    assert [data.fault_step(run, f) for f in data.faults(run)] == measured
+    plots = dict.fromkeys(("loss", "step_time", "world_size", "cpu", "share"), "plots/x.png")
+    page = html.render_page(run, [], plots, (False, False), 0.2, 10, 0.8)
+    rows = page.split("<th>outcome</th></tr>", 1)[1].split("</table>", 1)[0].split("<tr>")[1:]
+    assert [int(r.split('<td class="n">')[3].split("<")[0]) for r in rows] == measured

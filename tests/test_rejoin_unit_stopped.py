@@ -11,7 +11,9 @@ once.
 Here ``systemctl`` and ``pgrep`` are stand-ins on PATH that behave like that systemd: the unit
 stays deactivating for ``STUCK_S`` unless ``daemon-reload`` runs once no process is left; the
 agent's processes are gone ``PROCS_S`` after the kill. roles/fault's rejoin-unit-stopped.yml runs
-on localhost.
+on localhost. The role reads the unit with ``ansible.builtin.systemd_service`` (``systemctl show
+UNIT``, its ``status`` return); the stand-in answers nothing else, so a task that ran its own
+``systemctl show --property=...`` fails here.
 """
 
 from __future__ import annotations
@@ -45,11 +47,14 @@ if args[:1] == ["daemon-reload"]:
         st["state"] = "failed"
     json.dump(st, open(path, "w"))
     sys.exit(0)
-if args[:1] == ["show"] and "--property=ActiveState" in args:
+if args[:1] == ["show"] and len(args) == 2:  # ansible.builtin.systemd_service: every property
     if st["state"] == "deactivating" and now >= st["killed_at"] + st["stuck_s"]:
         st["state"] = "failed"  # TimeoutStopSec: systemd kills what is left (nothing) and gives up
         json.dump(st, open(path, "w"))
-    print(st["state"])
+    st["shows"] = st.get("shows", 0) + 1
+    json.dump(st, open(path, "w"))
+    for line in (f"Id={{args[1]}}.service", "LoadState=loaded", "ActiveState=" + st["state"]):
+        print(line)
     sys.exit(0)
 print("unexpected systemctl call: " + " ".join(args), file=sys.stderr)
 sys.exit(1)
@@ -110,6 +115,7 @@ def test_a_unit_stuck_deactivating_with_no_process_left_is_done_in_seconds(tmp_p
     # the stop timeout (before: the play waited the whole STUCK_S)
     assert len(st["reloads"]) == 1 and st["reloads"][0] >= st["killed_at"] + 2.0, st
     assert took < STUCK_S / 2, f"the rejoin waited {took:.0f} s for the old unit\n{text}"
+    assert st["shows"] >= 3, st  # before, after the processes went, and the wait: all by the module
 
 
 @pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")

@@ -1,10 +1,11 @@
-"""Filters of the fault role: the run's recovery engine, agent command lines compared without
-the options whose values differ from laptop to laptop (tasks/rejoin-launch.yml), and the check of
-kill-node.yml's settings against the role's argument spec, once and in one line each."""
+"""Filters of the fault role: the run's recovery engine (from the node's run.json), agent command
+lines compared without the options whose values differ from laptop to laptop
+(tasks/rejoin-launch.yml), and the check of kill-node.yml's settings against the role's argument
+spec, once and in one line each."""
 
 from __future__ import annotations
 
-import json
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -35,22 +36,45 @@ def without_options(argv: Sequence[Any], options: Iterable[str]) -> list[str]:
     return out
 
 
-def run_engine(events_text: str | None) -> str:
-    """The recovery engine of a run from its ``events.jsonl`` text (one JSON object a line): the
-    ``engine`` of the newest ``launch`` or ``resume`` event, ``torchelastic`` when none names one
-    (runs launched before the engine existed). Unreadable lines are skipped. Raises ValueError on
-    an engine that is not one of ``torchelastic``, ``per_step``."""
-    engine = "torchelastic"
-    for line in (events_text or "").splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict) and event.get("kind") in ("launch", "resume") and event.get("engine"):
-            engine = str(event["engine"])
+def run_engine(run_config: Mapping[str, Any] | None) -> str:
+    """The recovery engine of a run from its configuration, the node's ``run.json`` (the file
+    ``ddplab.train --config`` reads; ddp_job writes it at the launch and a resume): its
+    ``fault_tolerance``, ``torchelastic`` when absent (ddplab.config's default: a torchelastic run's
+    run.json has no engine keys). Raises ValueError on an engine that is not one of
+    ``torchelastic``, ``per_step``, or when ``run_config`` is not a mapping."""
+    if not isinstance(run_config, Mapping):
+        raise ValueError(f"run.json is not a JSON object: {run_config!r:.80}")
+    engine = str(run_config.get("fault_tolerance") or "torchelastic")
     if engine not in ENGINES:
-        raise ValueError(f"events.jsonl names the engine {engine!r}, not one of {', '.join(ENGINES)}")
+        raise ValueError(f"run.json names the engine {engine!r}, not one of {', '.join(ENGINES)}")
     return engine
+
+
+def agent_states(progress: Mapping[str, Any], stop: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """Host -> how kill-node.yml names its agent: ``running``; ``stopped by stop.yml at HH:MM:SS``
+    for a host the run's ``kind: stop`` event names whose agent no longer runs (the event as the
+    ``ddp_job_stop_event`` filter finds it: the fact status.yml and collect label the run "stopped"
+    from); else the agent unit's state and sub-state (``failed``, ``inactive dead``); ``down`` for a
+    host that was not read (off, unreachable).
+
+    ``progress``: host -> its ``ddp_lab_progress`` result (skipped or unreachable: not read);
+    ``stop``: the stop event ({} or None when the run was not stopped)."""
+    stop = stop or {}
+    stopped = set(stop.get("hosts") or [])
+    when = time.strftime("%H:%M:%S", time.localtime(float(stop.get("time") or 0)))
+    out: dict[str, str] = {}
+    for host, res in progress.items():
+        res = res if isinstance(res, Mapping) else {}
+        if res.get("skipped") or res.get("unreachable") or "agent_state" not in res:
+            out[host] = "down"
+        elif res.get("agent_running"):
+            out[host] = "running"
+        elif host in stopped:
+            out[host] = f"stopped by stop.yml at {when}"
+        else:
+            unit = dict.fromkeys(str(res.get(k) or "") for k in ("agent_state", "agent_substate"))
+            out[host] = " ".join(unit).strip()
+    return out
 
 
 def checked_settings(options: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -94,4 +118,5 @@ class FilterModule:
 
     def filters(self) -> dict:
         return {"fault_without_options": without_options, "fault_run_engine": run_engine,
-                "fault_argument_problems": argument_problems, "fault_checked_settings": checked_settings}
+                "fault_argument_problems": argument_problems, "fault_checked_settings": checked_settings,
+                "fault_agent_states": agent_states}

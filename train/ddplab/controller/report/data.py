@@ -142,6 +142,7 @@ class Fault:
     world_size_after: Any = None
     outcome: str = ""
     duration_s: float | None = None
+    last_step_before: int | None = None  # the step completed at the injection, as measured
 
 
 _SOURCE_REF = re.compile(r"\[[^\]\s]*/[^\]\s]*:\d+\]\s*")
@@ -181,7 +182,7 @@ def faults(run: RunFolder) -> list[Fault]:
         return [Fault(str(f.get("mode", "?")), str(f.get("node", "?")), f.get("rank"),
                       num(f.get("injected_at")), num(f.get("detected_s")), num(f.get("recovered_s")),
                       f.get("steps_lost"), f.get("world_size_before"), f.get("world_size_after"), _outcome(f),
-                      num(f.get("duration_s")))
+                      num(f.get("duration_s")), as_int(f.get("last_step_before")))
                 for f in src if isinstance(f, dict)]
     return [Fault(str(e.get("mode")), str(e.get("node", "?")), e.get("rank"), num(e.get("time")),
                   outcome="not measured (no summary.json faults)", duration_s=num(e.get("duration_s")))
@@ -192,6 +193,12 @@ def step_at(run: RunFolder, t: float | None) -> int | None:
     """The step the run had completed at unix time ``t``: :func:`ddplab.faults.step_at` (the one rule
     of a fault's ``last_step_before`` in summary.json and of the recovery table's "at step")."""
     return None if t is None else fault_step_at(run.records, t)
+
+
+def fault_step(run: RunFolder, f: Fault) -> int | None:
+    """The step a fault hit: its measured ``last_step_before`` (summary.json's value, a failure
+    record's step included), else :func:`step_at` its time."""
+    return f.last_step_before if f.last_step_before is not None else step_at(run, f.time)
 
 
 def world_size_points(run: RunFolder) -> list[tuple[float, int]]:

@@ -17,6 +17,7 @@ from ddplab.controller.report.data import (
     Restart,
     distinct_samples,
     engine,
+    fault_step,
     faults,
     first_set,
     no_training_bands,
@@ -24,7 +25,6 @@ from ddplab.controller.report.data import (
     restarts,
     run_status,
     start_line,
-    step_at,
     time_span,
     train_loss,
     ws_sequence,
@@ -149,7 +149,7 @@ def render_page(run: RunFolder, findings: list[straggler.StragglerFinding], plot
                  f"{f.world_size_after if f.world_size_after is not None else '?'}"
         recoveries.append({
             "mode": f.mode, "node": f.node, "rank": "—" if f.rank is None else f.rank,
-            "injected": _fmt_clock(f.time, t0), "step": step_at(run, f.time) if f.time else "—",
+            "injected": _fmt_clock(f.time, t0), "step": first_set(fault_step(run, f), "—"),
             "detected": _fmt_s(f.detected_s), "recovered": _fmt_s(f.recovered_s),
             "steps_lost": "—" if f.steps_lost is None else f.steps_lost, "ws": ws, "outcome": f.outcome,
         })

@@ -18,11 +18,11 @@ from ddplab.controller.report.data import (
     ReplicaStart,
     Restart,
     engine,
+    fault_step,
     faults,
     loss_per_step,
     no_training_bands,
     restarts,
-    step_at,
     step_series,
     time_span,
     train_estimate_points,
@@ -116,7 +116,7 @@ def _marker_labels(ax, marks: list[tuple[float, str, str, float]], span: float, 
 
 def _mark_faults_steps(ax, run: RunFolder, fl: list[Fault], rs: list[Restart], span: float) -> None:
     faults_at = [(s, f"{f.mode} {f.node}", "crimson", 1.5)
-                 for f in fl if (s := step_at(run, f.time)) is not None]
+                 for f in fl if (s := fault_step(run, f)) is not None]
     _marker_labels(ax, faults_at, span, levels=2)
     # under per_step: where a restarted replica committed again (none: no marker)
     restarts = [(r.step, f"{r.host} back" if isinstance(r, ReplicaStart) else f"N={r.world_size}",
