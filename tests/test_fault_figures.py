@@ -196,3 +196,21 @@ def test_the_reports_at_step_is_the_summarys_last_step_before(tmp_path):
     page = html.render_page(run, [], plots, (False, False), 0.2, 10, 0.8)
     rows = page.split("<th>outcome</th></tr>", 1)[1].split("</table>", 1)[0].split("<tr>")[1:]
     assert [int(r.split('<td class="n">')[3].split("<")[0]) for r in rows] == measured
+
+
+def test_a_nodes_restarts_are_named_for_what_they_count(tmp_path):
+    """status.yml said restarts 0 for laptop-a (its newest agent, started by the rejoin) where the
+    summary said 1 (the most any of its agents reached): both now, each named, from one function."""
+    from ddplab import status
+
+    summary = sm.build_summary(copy_run(TE, tmp_path / "run"))
+    run = rundir.load_run(TE)
+    for host, recs in run.per_host.items():
+        fig = summary["per_host"][host]
+        shown = status.node_progress(recs)["restart_count"]
+        assert fig["agent_restarts"] == shown == faults.agent_restarts(recs)
+    a = summary["per_host"]["laptop-a"]
+    assert (a["restart_count"], a["agent_restarts"]) == (1, 0)
+    line = ("laptop-a: step 1100, 8511 tok/s, "
+            "restarts 1 in the run (0 of its newest agent, as status.yml shows)")
+    assert line in sm.human_summary(summary)

@@ -430,6 +430,16 @@ def measure_all(events: Iterable[Record], records: Sequence[Record]) -> list[Fau
     return [measure(inj, records, next((t for t in ends if t > inj.time), None)) for inj in injs]
 
 
+def agent_restarts(records: Iterable[Record]) -> int | None:
+    """The restarts of one node's newest agent: the ``restart_count`` of the node's newest record
+    (torchrun counts the times it restarted its workers; a new agent, after a rejoin or a resume,
+    counts from 0). What status.yml shows per laptop; summary.json's ``per_host`` gives it beside
+    ``restart_count``, the most any agent of the node reached in the run. None without records."""
+    timed = [r for r in records if num(r.get("time")) is not None]
+    newest = max(timed, key=lambda r: r["time"], default=None)
+    return None if newest is None else as_int(newest.get("restart_count"))
+
+
 def node_of_rank(records: Iterable[Record], rank: int) -> str | None:
     """The host whose newest record carries global rank ``rank``.
 

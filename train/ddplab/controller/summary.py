@@ -189,13 +189,16 @@ def find_stragglers(records: Sequence[Record]) -> list[dict[str, Any]]:
 
 
 def per_host_figures(host: str, records: Sequence[Record], host_dir: Path | None) -> dict[str, Any]:
-    """Figures of one node: last step, restarts, world sizes seen, throughput, files brought back."""
+    """Figures of one node: last step, restarts (``restart_count``: the most any of its agents
+    reached in the run; ``agent_restarts``: its newest agent's, :func:`ddplab.faults.agent_restarts`),
+    world sizes seen, throughput, files brought back."""
     steps = events_of(records, "step")
     tok = sorted(v for r in steps if (v := num(r.get("tokens_per_s"))) is not None)
     out: dict[str, Any] = {
         "records": len(records),
         "last_step": steps_completed(records),
         "restart_count": max((as_int(r.get("restart_count")) or 0 for r in records), default=0),
+        "agent_restarts": faults.agent_restarts(records),
         "world_sizes": sorted({ws for r in steps if (ws := as_int(r.get("world_size"))) is not None}),
         "median_tokens_per_s": round(tok[len(tok) // 2], 1) if tok else None,
         "failures": [  # cause: divergence | signal | output | error (ddplab.train), None before
@@ -342,7 +345,9 @@ def human_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None)
         missing = [k for k in ("checkpoint", "sample", "journal") if not fig.get(k)]
         lines.append(
             f"  {h}: step {fig.get('last_step')}, {fmt(fig.get('median_tokens_per_s'), '.0f')} tok/s, "
-            f"restarts {fig.get('restart_count')}"
+            f"restarts {fig.get('restart_count')} in the run"
+            + (f" ({fig['agent_restarts']} of its newest agent, as status.yml shows)"
+               if fig.get("agent_restarts") not in (None, fig.get("restart_count")) else "")
             + (f", failures {len(fig['failures'])}" if fig.get("failures") else "")
             + "".join(f" ({c})" for c in sorted({f.get("cause") for f in fig.get("failures") or []} - {None}))
             + (f", fresh start: {fig['fresh_starts'][-1][:100]}" if fig.get("fresh_starts") else "")
