@@ -173,11 +173,14 @@ def _outcome(f: dict[str, Any]) -> str:
 
 
 def faults(run: RunFolder) -> list[Fault]:
-    """The run's faults as summary.json has them: measured from the run's records by
-    :func:`ddplab.controller.summary.measure_faults` (the one rule: the same function, the same
-    records as ``summary build``), else summary.json's list, else the events.jsonl records of
-    ``kind: fault`` (not measured: a malformed fault event)."""
-    src = measure_faults(run)
+    """The run's faults as summary.json has them (measured by ``summary build`` from the collected
+    records, or by kill-node.yml from the records it fetched: :func:`ddplab.faults.measure_all`
+    both); without them, measured here by the same function
+    (:func:`ddplab.controller.summary.measure_faults`) from the run's records; else the events.jsonl
+    records of ``kind: fault`` (not measured: a malformed fault event)."""
+    src = run.summary.get("faults")
+    if not (isinstance(src, list) and src):
+        src = measure_faults(run)
     if isinstance(src, list) and src:
         return [Fault(str(f.get("mode", "?")), str(f.get("node", "?")), f.get("rank"),
                       num(f.get("injected_at")), num(f.get("detected_s")), num(f.get("recovered_s")),
