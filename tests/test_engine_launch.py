@@ -6,6 +6,7 @@ engine's run.json keys); the fault role's filters (rejoin compares command lines
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,8 @@ def test_per_step_launch_is_one_replica_group_per_laptop(tmp_path: Path):
     ft = ["TORCHFT_LIGHTHOUSE=http://192.168.50.10:29510", "RUST_LOG=warn"]
     assert setenv(argv) == ADDRESS_ENV + RUN_ENV + ft
     assert node_opts == ["--local-addr", "--rdzv-endpoint", "--rdzv-id"]
+    # this launch: the run id and the UTC time (a rejoin keeps run.json, a resume writes a new one)
+    assert re.fullmatch(r"r1-\d{8}T\d{12}", config.pop("ft_launch_id")), config
     assert {k: v for k, v in config.items() if k == "fault_tolerance" or k.startswith("ft_")} == {
         "fault_tolerance": "per_step",
         "ft_lighthouse": "http://192.168.50.10:29510",

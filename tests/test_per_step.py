@@ -351,3 +351,32 @@ def test_checkpoints_carry_no_quorum_id_and_old_ones_still_load(tmp_path):
            "samples_seen": 96, "ft_group_quorum_id": 46, **extra}  # written before the change
     trainer.apply_state(old)
     assert (trainer.step, trainer.samples_seen) == (12, 96)
+
+
+def test_a_new_agent_of_the_same_launch_reads_the_kept_group_quorum_id(tmp_path):
+    """A rejoin's new agent (same run.json, same ft_launch_id) knows the last group quorum its
+    node took part in, so after the group went on or finished it is cut off instead of counting
+    as a first start (and training alone); another launch (a resume: a new ft_launch_id, maybe a
+    new lighthouse) does not read it."""
+    from ddplab.config import build_config
+    from ddplab.distributed import DistEnv
+    from ddplab.train import GROUP_QUORUM_FILE, Trainer
+
+    def trainer(launch):
+        cfg = build_config({**PER_STEP, "out_dir": str(tmp_path), "ft_launch_id": launch})
+        return Trainer(cfg, DistEnv.from_environ())
+
+    kept = tmp_path / GROUP_QUORUM_FILE
+    kept.write_text(json.dumps({"quorum_id": 8, "step": 120, "agent": "4242:1764570000.000",
+                                "launch": "R-1"}) + "\n")  # written by the node's previous agent
+    assert trainer("R-1").read_group_quorum_id() == 8  # a rejoin in the same launch
+    assert trainer("R-2").read_group_quorum_id() is None  # a resume
+    assert trainer(None).read_group_quorum_id() is None  # no launch id: the agent rule alone
+    replica = replica_at(trainer("R-1").read_group_quorum_id())
+    quorum(replica, 30)  # alone under the lighthouse after the group went on to quorum 29
+    assert replica.cut_off is not None and replica.cut_off.last_quorum_id == 8
+
+
+def test_ft_launch_id_is_a_name_without_spaces():
+    with pytest.raises(ConfigError, match="'ft_launch_id' = 'a b': must be a non-empty name"):
+        build_config({**PER_STEP, "ft_launch_id": "a b"})

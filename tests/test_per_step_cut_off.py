@@ -232,3 +232,34 @@ def test_a_lighthouse_out_of_reach_for_good_ends_each_replica_once(tmp_path, dat
         assert "not restarted (2 of --max-restarts 2 left unused)" in rep.output(tail=0)
         assert not (rep.out / "result.json").exists()
         assert list((rep.out / "checkpoints").glob("ckpt-*.pt"))
+
+
+def test_a_node_rejoined_after_the_group_finished_does_not_train_alone(tmp_path, data_path, lighthouse):
+    # node1's agent and worker SIGKILLed (kill-agent), node0 trains on alone to the end; node1's
+    # agent started again (a rejoin: a new agent, the same run.json and ft_launch_id) under the
+    # same lighthouse. Before, a new agent had no kept group quorum id, counted as a first start
+    # and trained steps to the end alone; now it reads its node's kept id (same launch), sees the
+    # gap, waits ft_rejoin_wait_s for a peer and ends once, cut off
+    reps, _ = two_in_step(tmp_path, data_path, lighthouse, 10, max_steps=60, eval_interval=20,
+                          ckpt_interval=20, ft_launch_id="run-L1")
+    group, victim = reps
+    victim.signal(signal.SIGKILL)
+    victim.wait(30)
+    assert group.wait(120) == 0, group.output()
+    before = {r["step"] for r in victim.committed()}
+    rejoined = time.time()
+    victim.start()
+    code = victim.wait(90)
+    left_s = time.time() - rejoined
+    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    print(f"\nper_step node rejoined after the group finished: ended {left_s:.1f} s after its agent "
+          f"started (ft_rejoin_wait_s {WAIT_S}, load {load})")
+
+    assert code == 1, victim.output()
+    assert {r["step"] for r in victim.committed(rejoined)} <= before, "trained alone after the rejoin"
+    starts = [r for r in victim.records() if r["event"] == "start" and r["time"] >= rejoined]
+    assert starts and starts[0]["ft_group_quorum_id"] is not None  # the kept id, same launch
+    failure = [r for r in victim.records() if r["event"] == "failure" and r["time"] >= rejoined]
+    assert [r["cause"] for r in failure] == ["cut_off"], failure
+    assert "nothing trained alone" in failure[0]["error"]
+    assert not (victim.out / "result.json").exists()

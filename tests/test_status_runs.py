@@ -251,3 +251,48 @@ def test_logs_of_a_healthy_worker_say_no_stderr_and_show_its_stdout(tmp_path):
     assert "no stderr output (a healthy worker writes none); its own lines are in its stdout" in text, text
     assert "attempt_0/0/stdout.log (last 2 lines)" in text and "[ddplab] three" in text, text
     assert "[ddplab] one" not in text, text
+
+
+def test_run_endpoints_from_run_json_and_the_agents_command_line(tmp_path):
+    run = tmp_path / "runs" / OLD
+    run.mkdir(parents=True)
+    unit = {"InvocationID": "i",
+            "ExecStart": "{ path=/v/python ; argv[]=/v/python -m ddplab.agent --nnodes 1:3 "
+                         "--rdzv-backend c10d --rdzv-endpoint 10.89.0.1:29411 --rdzv-id r ; }"}
+    assert st.run_endpoints(run, unit, True) == {"store": "10.89.0.1:29411", "lighthouse": None}
+    assert st.run_endpoints(run, unit, False) == {"store": None, "lighthouse": None}  # a later run's unit
+    (run / "run.json").write_text(json.dumps({"fault_tolerance": "per_step",
+                                              "ft_lighthouse": "http://10.89.0.1:29511"}))
+    assert st.run_endpoints(run, unit, True) == {"store": None, "lighthouse": "http://10.89.0.1:29511"}
+
+
+def test_where_lines_say_where_the_state_was_read_and_what_the_run_recorded_elsewhere():
+    running = {"state": "running", "unit_holds_run": True,
+               "endpoints": {"store": None, "lighthouse": "http://10.89.0.1:29511"}}
+    lighthouse = {"running": False, "port": 29510}
+    lines = table.where_lines({"a": running}, {}, lighthouse, "/c/runs/.rdzv", "R")
+    assert lines[0] == "store and lighthouse state read in /c/runs/.rdzv on this controller"
+    assert lines[1] == ("run R's lighthouse http://10.89.0.1:29511 (recorded on a) is not the one read here "
+                        "(port 29510); fix: -e rendezvous_lighthouse_port=29511 (and -e rendezvous_state_dir="
+                        "<the checkout that launched it>/runs/.rdzv)")
+    same = {**running, "endpoints": {"lighthouse": "http://10.89.0.1:29510"}}
+    lines = table.where_lines({"a": same}, {}, lighthouse, "/c/runs/.rdzv", "R")
+    assert lines[1].startswith("run R's lighthouse http://10.89.0.1:29510 (recorded on a) runs, but "
+                               "/c/runs/.rdzv has no running one: launched from another checkout?"), lines
+    assert table.where_lines({"a": same}, {}, {"running": True, "port": 29510}, "/c", "R")[1:] == []
+
+
+@pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
+def test_status_says_where_it_read_the_store_and_the_store_the_run_was_launched_with(tmp_path):
+    """newcomer: `make status` read the store's state only in this checkout's state folder and did
+    not say so, whatever store the job used."""
+    inv, env = _one_running(tmp_path)
+    show = tmp_path / "units" / "agent-laptop-run.show"
+    show.write_text(show.read_text() + "ExecStart={ path=/v/python ; argv[]=/v/python -m ddplab.agent "
+                    "--rdzv-endpoint 127.0.0.1:29411 --rdzv-id r ; }\n")
+    out = _play(inv, env, "status.yml")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert f"store and lighthouse state read in {tmp_path / 'rdzv'} on this controller" in text, text
+    assert (f"run {RUN_ID}'s store 127.0.0.1:29411 (recorded on laptop-run) is not the one read here "
+            "(port 29499); fix: -e rendezvous_port=29411") in text, text

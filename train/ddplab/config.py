@@ -126,6 +126,9 @@ class TrainConfig:
     # a replica cut off from the group (the lighthouse formed quorums without it) that finds no
     # peer of the group waits this long for one to heal from, then stops (it never trains alone)
     ft_rejoin_wait_s: float = 60.0
+    # this launch of the run (the role writes a new one at each launch and resume; a rejoin keeps
+    # the run.json, so its new agent reads the group quorum id its node kept: ddplab.train)
+    ft_launch_id: str | None = None
 
     def validate(self) -> TrainConfig:
         """Check every field; return ``self``.
@@ -220,6 +223,12 @@ class TrainConfig:
         ):
             raise bad("ft_replica_id", "must be a non-empty name without spaces or ':' "
                       "(the node's inventory name), or null (= the host name)")
+        if self.ft_launch_id is not None and (
+            not isinstance(self.ft_launch_id, str) or not self.ft_launch_id
+            or any(c.isspace() for c in self.ft_launch_id)
+        ):
+            raise bad("ft_launch_id", "must be a non-empty name without spaces (the role writes one "
+                      "per launch), or null")
         if self.ft_lighthouse is not None and lighthouse_error(self.ft_lighthouse):
             raise bad("ft_lighthouse", lighthouse_error(self.ft_lighthouse))
         if self.fault_tolerance == "per_step" and self.ft_lighthouse is None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -54,7 +55,7 @@ def fmt(v: float | None, spec: str = ".3f", none: str = "-") -> str:
 # ddp_job_watch action plugin reads this tuple from this file (ast, no import: ddplab is not
 # installed on the controller) when it asks systemd directly because ddplab.status cannot run.
 UNIT_PROPS = ("LoadState", "ActiveState", "SubState", "Result", "ExecMainStatus", "ExecMainCode",
-              "InvocationID", "MainPID", "ExecMainStartTimestampMonotonic")
+              "InvocationID", "MainPID", "ExecMainStartTimestampMonotonic", "ExecStart")
 
 
 def unit_state(unit: str) -> dict[str, str]:
@@ -132,6 +133,27 @@ def unit_holds_run(out_dir: Path, unit: Mapping[str, str]) -> bool | None:
     if current is None or not current.strip():
         return False if ids else None
     return current.strip() == out_dir.name
+
+
+# the agent's --rdzv-endpoint in systemd's ExecStart property ("argv[]=... --rdzv-endpoint H:P ...")
+_RDZV_ENDPOINT = re.compile(r"--rdzv[-_]endpoint[ =]([^\s;]+)")
+
+
+def run_endpoints(out_dir: Path, unit: Mapping[str, str], holds: bool | None) -> dict[str, str | None]:
+    """Where the run's controller services are, as its launch recorded them on this node:
+    ``lighthouse``, the per_step engine's torchft lighthouse (``ft_lighthouse`` of the run's
+    run.json, e.g. ``http://10.89.0.1:29510``), and ``store``, torchelastic's c10d store (the
+    ``--rdzv-endpoint`` of the agent unit's command line, ``host:port``, read only while the unit
+    holds the run: :func:`unit_holds_run`). None where not known. status.yml compares them with
+    the store and lighthouse it read on the controller."""
+    try:
+        config = json.loads(_read_text(out_dir / "run.json") or "{}")
+    except ValueError:
+        config = {}
+    per_step = isinstance(config, dict) and config.get("fault_tolerance") == "per_step"
+    lighthouse = str(config["ft_lighthouse"]) if per_step and config.get("ft_lighthouse") else None
+    m = _RDZV_ENDPOINT.search(unit.get("ExecStart") or "") if holds is not False and not per_step else None
+    return {"store": m.group(1) if m else None, "lighthouse": lighthouse}
 
 
 def read_node_metrics(metrics_dir: str | Path,
@@ -251,7 +273,8 @@ def agent(unit: Mapping[str, str]) -> dict[str, Any]:
 def progress(out_dir: Path, unit: str | None, host: str | None = None,
              injection: faults.Injection | None = None) -> dict[str, Any]:
     """The state of the job on this node: ``{host, state, unit, agent, progress, line, workers,
-    records, skipped_lines, run_dir, unit_holds_run, run_state, current_run}`` (see
+    records, skipped_lines, run_dir, unit_holds_run, run_state, current_run,
+    endpoints}`` (see
     :func:`job_state`, :func:`agent`, :func:`node_progress`; ``workers``:
     :func:`ddplab.faults.newest_per_worker`; ``run_dir``: whether ``out_dir`` exists, i.e. whether
     this node holds the run: the launch makes it before the agent starts).
@@ -260,7 +283,7 @@ def progress(out_dir: Path, unit: str | None, host: str | None = None,
     act on the unit); ``run_state`` is the run's own: the same while the unit holds the run
     (:func:`unit_holds_run`), else, when the unit belongs to another run or is gone, how the run
     ended by its records (:func:`past_run_state`). ``current_run``: the node's current_run (the
-    run its newest launch shipped), None when it has none.
+    run its newest launch shipped), None when it has none. ``endpoints``: :func:`run_endpoints`.
 
     Without ``injection``, only the tail of each metrics file and its newest start record are read
     (:func:`read_node_metrics`) and only the records written since the unit's current start count
@@ -289,7 +312,8 @@ def progress(out_dir: Path, unit: str | None, host: str | None = None,
            "line": format_progress(host, p, state), "workers": faults.newest_per_worker(records),
            "records": len(records), "skipped_lines": skipped, "run_dir": out_dir.is_dir(),
            "unit_holds_run": holds, "run_state": run_state,
-           "current_run": (current or "").strip() or None}
+           "current_run": (current or "").strip() or None,
+           "endpoints": run_endpoints(out_dir, u, holds)}
     if injection is not None:
         m = faults.measure(injection, records)
         out["phase"] = faults.progress_phase(m, out["agent"]["running"])

@@ -528,18 +528,22 @@ class Trainer:
 
     def read_group_quorum_id(self) -> int | None:
         """per_step: the last quorum this replica took part in with the group before this worker
-        started, as GROUP_QUORUM_FILE keeps it (at every change), when the same agent wrote it:
-        a worker torchrun restarted (a lighthouse that could not be reached, a cut-off wait) knows
-        it. None otherwise: a first start, an unreadable file, or a file of an earlier agent. A
-        new agent is a new launch (a resume, whose lighthouse is new and numbers its quorums from
-        1 again, or a rejoin), and quorum ids of another lighthouse say nothing: compared with
-        them, every replica of a per_step resume was 'cut off' and none trained (newcomer,
-        2026-12-01). Checkpoints carry no quorum id for the same reason."""
+        started, as GROUP_QUORUM_FILE keeps it (at every change), when it was written in the same
+        launch: by the same agent (a worker torchrun restarted) or, with ``ft_launch_id``, by any
+        agent of the same launch (a rejoin's new agent: the rejoin keeps run.json). Then a rejoin
+        after the group went on, or finished, sees the gap and never trains alone (before, a new
+        agent counted as a first start). None otherwise: a first start, an unreadable file, or a
+        file of another launch: a resume (a new ``ft_launch_id``) may have a new lighthouse that
+        numbers its quorums from 1 again, and compared with ids of another lighthouse every replica
+        of a per_step resume was 'cut off' and none trained (newcomer, 2026-12-01). Checkpoints
+        carry no quorum id for the same reason."""
         try:
             kept = json.loads((self.out / GROUP_QUORUM_FILE).read_text())
         except (OSError, ValueError):
             return None
-        if not isinstance(kept, dict) or kept.get("agent") != agent_identity():
+        launch = self.cfg.ft_launch_id
+        if not isinstance(kept, dict) or not (
+                kept.get("agent") == agent_identity() or (launch and kept.get("launch") == launch)):
             return None
         return kept["quorum_id"] if isinstance(kept.get("quorum_id"), int) else None
 
@@ -567,6 +571,7 @@ class Trainer:
         _atomic_write_text(self.out / GROUP_QUORUM_FILE, json.dumps(
             {"quorum_id": quorum_id, "replica_id": self.replica.replica_id, "step": self.step,
              "lighthouse": self.cfg.ft_lighthouse, "agent": agent_identity(),
+             "launch": self.cfg.ft_launch_id,
              "time": round(time.time(), 3)}) + "\n")
         self.kept_quorum_id = quorum_id
 

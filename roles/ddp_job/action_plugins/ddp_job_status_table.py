@@ -15,7 +15,9 @@ Options: ``nodes`` (inventory name -> the registered ``ddp_job_watch`` result; a
 missing result means no run to look at), ``store`` (the store document, {} when not read),
 ``lighthouse`` (``python -m ddplab.controller.lighthouse status``, {} when not read), ``run_id``
 (the run looked at, for the heading), ``width`` (columns of the table, default 160), ``stop``
-(the run's stop event, ``ddp_job_stop_event`` of its events.jsonl; {} when it was not stopped).
+(the run's stop event, ``ddp_job_stop_event`` of its events.jsonl; {} when it was not stopped),
+``state_dir`` (the folder the store's and lighthouse's state was read in: said under the table,
+with a line for each service the run's launch recorded elsewhere: :func:`where_lines`).
 
 Returns ``rows`` (one dict per node: see :func:`row_of`), ``store_line``, ``lighthouse_line``
 ("" when not shown), ``engine``, ``bad`` (the nodes that make it fail: then only ``msg``, one
@@ -60,6 +62,7 @@ ARGS = {
     "run_id": {"type": "str", "default": ""},
     "width": {"type": "int", "default": 160},
     "stop": {"type": "dict", "default": {}},
+    "state_dir": {"type": "str", "default": ""},
 }
 
 # ddplab.status job states (and the plugin's own) -> the word in the table
@@ -196,6 +199,38 @@ def render(rows: Sequence[Mapping[str, str]], store: Mapping[str, Any], run_id: 
     return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()).strip("\n")
 
 
+def _port(endpoint: str) -> int | None:
+    """The port of ``host:port`` or ``http://host:port`` (None when there is none)."""
+    tail = str(endpoint).rstrip("/").rsplit(":", 1)
+    return int(tail[1]) if len(tail) == 2 and tail[1].isdigit() else None
+
+
+def where_lines(nodes: Mapping[str, Any], store: Mapping[str, Any], lighthouse: Mapping[str, Any],
+                state_dir: str = "", run_id: str = "") -> list[str]:
+    """Where the store's and lighthouse's state was read (the supervisor's state folder on this
+    controller, ``state_dir``), and a line for each service the run's launch recorded elsewhere
+    (ddplab.status ``endpoints``: the lighthouse of its run.json, the store of its agent's command
+    line) or that the folder says is not running while the run runs: it was started with other
+    settings or from another checkout, whose folder holds its state."""
+    lines = [f"store and lighthouse state read in {state_dir or '?'} on this controller"]
+    running = any((r or {}).get("state") == "running" and (r or {}).get("unit_holds_run") is not False
+                  for r in nodes.values())
+    for key, label, doc, var in (("store", "store", store, "rendezvous_port"),
+                                 ("lighthouse", "lighthouse", lighthouse, "rendezvous_lighthouse_port")):
+        seen = {str(e): h for h, r in nodes.items() if (e := ((r or {}).get("endpoints") or {}).get(key))}
+        for endpoint, host in sorted(seen.items()):
+            port, read = _port(endpoint), doc.get("port")
+            what = f"run {run_id or '?'}'s {label} {endpoint} (recorded on {host})"
+            fix = "-e rendezvous_state_dir=<the checkout that launched it>/runs/.rdzv"
+            if port is not None and read is not None and port != int(read):
+                lines.append(f"{what} is not the one read here (port {read}); "
+                             f"fix: -e {var}={port} (and {fix})")
+            elif running and doc and not doc.get("running") and not doc.get("error"):
+                lines.append(f"{what} runs, but {state_dir or '?'} has no running one: launched from another "
+                             f"checkout? fix: {fix}")
+    return lines
+
+
 def other_run_note(nodes: Mapping[str, Any], run_id: str = "") -> str:
     """One line when the run looked at is not the one the laptops' agent units belong to (an
     older run: ``status.yml -e run_id=<older run>``), naming the run each of those laptops runs
@@ -241,6 +276,9 @@ class ActionModule(ActionBase):
         text = render(rows, args["store"], args["run_id"], args["width"], args["lighthouse"])
         note = other_run_note(args["nodes"], args["run_id"])
         text += f"\n{note}" if note else ""
+        where = where_lines(args["nodes"], args["store"], args["lighthouse"], args["state_dir"],
+                            args["run_id"])
+        text += "\n" + "\n".join(where)
         display.display(text)
         bad = bad_nodes(rows)
         if bad:  # one line under the table: the failed result carries nothing else

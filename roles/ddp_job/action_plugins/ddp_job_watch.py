@@ -362,5 +362,5 @@ class ActionModule(ActionBase):
                        "run_dir": doc.get("run_dir"),  # None: not known (node not read)
                        # the run's own state when the unit is another run's or gone (ddplab.status)
                        "unit_holds_run": doc.get("unit_holds_run"), "run_state": doc.get("run_state"),
-                       "current_run": doc.get("current_run")})
+                       "current_run": doc.get("current_run"), "endpoints": doc.get("endpoints") or {}})
         return result
