@@ -263,3 +263,28 @@ def test_a_node_rejoined_after_the_group_finished_does_not_train_alone(tmp_path,
     assert [r["cause"] for r in failure] == ["cut_off"], failure
     assert "nothing trained alone" in failure[0]["error"]
     assert not (victim.out / "result.json").exists()
+
+
+def test_a_worker_started_while_the_lighthouse_is_out_of_reach_waits_for_it_in_one_life(
+        tmp_path, data_path, lighthouse):
+    # a replica started (a rejoin, a restart) while a partition keeps the lighthouse out of
+    # reach: torchft's Manager cannot connect (RuntimeError 'failed to connect ... within
+    # timeout'). Before, that ended the worker and each torchrun restart waited one connect timeout
+    # again (the newcomer's partition: 60 s each); now it tries again in the same life
+    lighthouse.proc.send_signal(signal.SIGSTOP)
+    rep = Replica(tmp_path, "node0", lighthouse, data_path, max_steps=30, eval_interval=10,
+                  ft_quorum_timeout_s=2, ft_rejoin_wait_s=60)
+    rep.start()
+    wait_until("the connect failed", lambda: "trying again" in rep.output(tail=0), [rep], 60)
+    thawed = time.time()
+    lighthouse.proc.send_signal(signal.SIGCONT)
+    code = rep.wait(120)
+    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    first = rep.committed(thawed)[0]["time"] - thawed if rep.committed(thawed) else None
+    print(f"\nper_step worker started with the lighthouse out of reach: first step {first:.2f} s "
+          f"after the thaw, no restart (load {load})")
+
+    assert code == 0, rep.output()
+    assert [r["step"] for r in rep.committed()] == list(range(1, 31))
+    assert len([r for r in rep.records() if r["event"] == "start"]) == 1
+    assert "failed to connect to" in rep.output(tail=0)

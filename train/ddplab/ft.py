@@ -87,6 +87,23 @@ class CutOffError(RuntimeError):
         self.cut_off = cut_off
 
 
+def no_quorum_error(cfg: Any, replica_id: str, last_quorum_id: int | None, since: float, waited: float,
+                    why: str | None, step: int) -> CutOffError:
+    """The end of a replica that got no quorum at all (the lighthouse out of reach) for
+    ``waited`` s, at least ``ft_quorum_timeout_s + ft_rejoin_wait_s``: one message naming the
+    lighthouse, the wait, the last quorum it shared with the group and the fix."""
+    after = f" after quorum {last_quorum_id}" if last_quorum_id is not None else ""
+    return CutOffError(
+        f"replica {replica_id} got no quorum from the lighthouse {cfg.ft_lighthouse} for {waited:.0f} s "
+        f"(ft_quorum_timeout_s {cfg.ft_quorum_timeout_s:g} + ft_rejoin_wait_s {cfg.ft_rejoin_wait_s:g} s; "
+        f"{why}): the group went on without it{after} or is gone; nothing trained alone, its state "
+        f"of step {step} and its checkpoints are kept. Fix: if the group finished, its result is the "
+        "run's (this node's is not); else check this node's route to the controller and start it "
+        "again (kill-node.yml -e fault=rejoin: it heals from a peer ahead), or raise "
+        "ft_rejoin_wait_s (playbook: ddp_job_ft_rejoin_wait_s)",
+        CutOff(last_quorum_id, None, since, round(waited, 1)))
+
+
 class BoundProcessGroupGloo(ProcessGroupGloo):
     """torchft's reconfigurable gloo group whose device listens on one address only.
 
@@ -199,19 +216,43 @@ class Replica:
             port = self._store.port
         self.store_port = port
         self.pg = BoundProcessGroupGloo(where.addr, timeout)
-        # Threads started from here on (torchft's Rust runtime, its quorum thread, gloo's) are
-        # born with SIGTERM/SIGINT blocked: the kernel then delivers them to this thread, and a
-        # wait for a quorum (a lock wait) is interrupted at once instead of up to the quorum timeout.
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-        try:
-            self.manager = self._manager(cfg, where.addr, port, timeout, quorum_timeout,
-                                         state_dict, load_state_dict)
-            self.manager._executor.submit(int).result()  # start the quorum thread now, masked
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        started, announced = time.monotonic(), False
+        while True:
+            try:
+                self.manager = self._masked_manager(cfg, where.addr, port, timeout, quorum_timeout,
+                                                    state_dict, load_state_dict)
+                break
+            except RuntimeError as exc:  # torchft: "failed to connect to <lighthouse> within ..."
+                if not str(exc).startswith("failed to connect to"):
+                    raise
+                # a worker started while the lighthouse is out of reach (a partition): it tries
+                # again in this life instead of spending a torchrun restart per connect timeout
+                waited = time.monotonic() - started
+                why = f"RuntimeError: {str(exc).split(';')[0]}"
+                if waited >= cfg.ft_quorum_timeout_s + cfg.ft_rejoin_wait_s:
+                    raise no_quorum_error(cfg, self.replica_id, group_quorum_id, started, waited, why,
+                                          step) from None
+                if not announced:
+                    announced = True
+                    print(f"[ddplab] replica {self.replica_id}: {why}; trying again (at most "
+                          f"{cfg.ft_quorum_timeout_s + cfg.ft_rejoin_wait_s:g} s)", flush=True)
+                time.sleep(0.5)
         if step:
             self.manager.load_state_dict({"step": step, "batches_committed": 0})
         self.optimizer = OptimizerWrapper(self.manager, optimizer)
+
+    def _masked_manager(self, *args: Any) -> Manager:
+        """:meth:`_manager`, with the quorum thread started. Threads started in here (torchft's
+        Rust runtime, its quorum thread, gloo's) are born with SIGTERM/SIGINT blocked: the kernel
+        then delivers them to this thread, and a wait for a quorum (a lock wait) is interrupted at
+        once instead of up to the quorum timeout."""
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+        try:
+            manager = self._manager(*args)
+            manager._executor.submit(int).result()  # start the quorum thread now, masked
+            return manager
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def _manager(self, cfg: Any, addr: str, port: int, timeout: timedelta, quorum_timeout: timedelta,
                  state_dict: Callable[[], dict[str, Any]],

@@ -630,17 +630,8 @@ class Trainer:
         waited, bound = replica.no_quorum_s, cfg.ft_quorum_timeout_s + cfg.ft_rejoin_wait_s
         last = replica.group_quorum_id
         if waited >= bound:
-            raise ft.CutOffError(
-                f"replica {replica.replica_id} got no quorum from the lighthouse {cfg.ft_lighthouse} "
-                f"for {waited:.0f} s (ft_quorum_timeout_s {cfg.ft_quorum_timeout_s:g} + "
-                f"ft_rejoin_wait_s {cfg.ft_rejoin_wait_s:g} s; {replica.quorum_error}): the group "
-                f"went on without it{f' after quorum {last}' if last is not None else ''} or is "
-                f"gone; nothing trained alone, its state of step {self.step} and its checkpoints "
-                "are kept. Fix: if the group finished, its result is the run's (this node's is "
-                "not); else check this node's route to the controller and start it again "
-                "(kill-node.yml -e fault=rejoin: it heals from a peer ahead), or raise "
-                "ft_rejoin_wait_s (playbook: ddp_job_ft_rejoin_wait_s)",
-                ft.CutOff(last, None, replica.quorum_at, round(waited, 1)))
+            raise ft.no_quorum_error(cfg, replica.replica_id, last, replica.quorum_at, waited,
+                                     replica.quorum_error, self.step)
         if not self.announced_no_quorum:
             self.announced_no_quorum = True
             print(f"[ddplab] step {self.step + 1}: no quorum from the lighthouse within "
