@@ -33,7 +33,9 @@ def copy_run(tmp_path: Path, events: bool = True) -> Path:
 def test_a_run_the_group_finished_is_finished_with_the_cut_off_laptop_named(tmp_path):
     run = load_run(copy_run(tmp_path))
     assert run_outcome(run.records, run.events) == "finished"
-    assert run_status(run, [], [])[0] == "finished"  # the report's badge
+    assert run_status(run, [], [])[0] == (  # the report's badge
+        "finished; laptop-c: cut off from the group at step 58 (cut off from quorum 3 to quorum 128); "
+        "nothing trained alone, its state and checkpoints kept (not the run's result)")
     summary = summary_mod.build_summary(run.path)
     assert summary["outcome"] == "finished" and summary["steps_completed"] == 500
     [cut] = summary["cut_off"]

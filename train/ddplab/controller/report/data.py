@@ -19,12 +19,13 @@ from ddplab.controller import straggler
 from ddplab.controller.rundir import (
     GroupStart,
     RunFolder,
+    cut_off_nodes,
     group_starts,
     run_outcome,
     world_size_at,
     world_size_timeline,
 )
-from ddplab.controller.summary import final_evaluation, measure_faults
+from ddplab.controller.summary import cut_off_line, final_evaluation, measure_faults
 from ddplab.faults import is_per_step
 from ddplab.faults import step_at as fault_step_at
 from ddplab.records import as_int, by_time, num
@@ -450,6 +451,8 @@ def run_status(run: RunFolder, fl: Sequence[Fault],
         status, status_class = "starting", "warn"
     elif outcome == "finished" and fl:
         status, status_class = f"finished, {len(fl)} fault(s) survived", "ok"
+    if outcome == "finished":  # per_step: a laptop cut off from the group that finished it
+        status += "".join(f"; {cut_off_line(c)}" for c in cut_off_nodes(run.per_host, run.events))
     if findings:
         status_class = "warn" if status_class == "ok" else status_class
     return status, status_class
