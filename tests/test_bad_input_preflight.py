@@ -452,6 +452,24 @@ def test_inventory_values_one_line_per_host_naming_variable_value_and_what_is_al
     ]), lines
 
 
+def test_an_e_template_of_a_host_fact_is_judged_per_host(controller_case):
+    """molecule nodes5 gives -e ddp_job_max_steps='{{ molecule_nodes5_steps }}', a fact of the
+    trainers only: the early check renders it per host (the controller cannot), judges it there."""
+    trainers = {
+        "t-a": {"ansible_host": "192.0.2.11", "steps": 60},
+        "t-b": {"ansible_host": "192.0.2.12", "steps": "abc"},
+        "t-c": {"ansible_host": "192.0.2.13", "steps": 70},
+    }
+    rc, out, _ = controller_case(trainers, None, "-e", json.dumps({"ddp_job_max_steps": "{{ steps }}"}))
+    assert_stopped_before_changes(rc, out, list(trainers), contacted=False)
+    (line,) = errors(out)
+    assert line.startswith("t-b: ddp_job_max_steps='abc' (-e, as rendered there): argument"), line
+    for good in (60, 70):
+        trainers["t-b"]["steps"] = good
+        rc, out, _ = controller_case(trainers, None, "-e", json.dumps({"ddp_job_max_steps": "{{ steps }}"}))
+        assert rc == 0 and not errors(out), out[-3000:]
+
+
 def test_ranges_and_elastic_range_of_inventory_values_per_host(controller_case):
     """Values of the right type whose range or elastic range is wrong on some hosts: one line per
     host that has it, after the settings given passed."""

@@ -573,3 +573,10 @@ def test_given_good_settings_are_one_ok_record():
                      KEYS, ["performance", "powersave"], 3, DEFAULTS)
     assert ok == {"check": "given", "status": "ok",
                   "detail": "1 setting(s) given with -e, 1 in the inventory: accepted"}
+
+
+def test_given_names_an_e_template_each_host_renders_its_own_way():
+    hosts = {"t-a": {"ddp_job_max_steps": "abc"}}
+    records = vc.given(SPECS, hosts, {}, RULES, KEYS, [], 3, DEFAULTS, ["ddp_job_max_steps"])
+    lines = [r["detail"] for r in records]
+    assert lines[0].startswith("t-a: ddp_job_max_steps='abc' (-e, as rendered there): argument"), lines

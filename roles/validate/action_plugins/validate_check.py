@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ansible.errors import AnsibleActionFail
+from ansible.errors import AnsibleActionFail, AnsibleError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 from ansible.utils.vars import load_extra_vars
@@ -507,8 +507,8 @@ def type_error(name: str, value: Any, option: Mapping[str, Any]) -> str:
 
 def given(specs: Mapping[str, Any], hosts: Mapping[str, Mapping[str, Any]], extra: Mapping[str, Any],
           rules: Sequence[Mapping[str, Any]] = (), rdzv_keys: Sequence[str] = (),
-          governors: Sequence[str] = (), trainers: int = 0, defaults: Mapping[str, Any] | None = None
-          ) -> list[dict]:
+          governors: Sequence[str] = (), trainers: int = 0, defaults: Mapping[str, Any] | None = None,
+          per_host_e: Sequence[str] = ()) -> list[dict]:
     """The settings given, judged once on the controller before any role starts anywhere.
 
     Args:
@@ -519,6 +519,8 @@ def given(specs: Mapping[str, Any], hosts: Mapping[str, Mapping[str, Any]], extr
         rules, rdzv_keys, governors: as the checks ranges, rdzv_conf and governor take them.
         trainers: how many trainers the inventory has (``ddp_job_nnodes_max``'s default).
         defaults: the roles' defaults of the inputs of :data:`JOINT`'s checks.
+        per_host_e: variables given with -e as a template each host renders its own way (in
+            ``hosts``, not ``extra``; named "-e, as rendered there" instead of "inventory").
 
     Returns:
         One fail record per problem, ``detail`` one line: an -e value once (``-e NAME=VALUE: ...``)
@@ -557,7 +559,8 @@ def given(specs: Mapping[str, Any], hosts: Mapping[str, Mapping[str, Any]], extr
             if problem:
                 shared.setdefault((name, repr(values[name]), problem), []).append(host)
     for (name, shown, problem), where in shared.items():
-        failed.append(f"{', '.join(where)}: {name}={shown} (inventory): {problem}")
+        origin = "-e, as rendered there" if name in per_host_e else "inventory"
+        failed.append(f"{', '.join(where)}: {name}={shown} ({origin}): {problem}")
 
     mine = {n: v for n, v in extra.items() if n not in bad}
     records = [{"check": "given", "status": "fail", "detail": d} for d in failed]
@@ -754,6 +757,22 @@ ACROSS = {"unique_address": (unique_address, "__validate_address"),
           "unique_name": (unique_name, "__validate_hostname")}
 
 
+_UNSET = object()
+
+
+def _value(hostvars: Any, host: str, name: str) -> Any:
+    """``hostvars[host][name]`` rendered for that host (a template -e value may read the host's own
+    facts), as plain data; :data:`_UNSET` when the host has no such variable or cannot render it
+    yet (e.g. a fact a later play sets): its own checks judge it where the role runs."""
+    try:
+        found = hostvars[host]
+        if name not in found:
+            return _UNSET
+        return json.loads(json.dumps(found[name]))
+    except (AnsibleError, TypeError, ValueError):
+        return _UNSET
+
+
 class ActionModule(ActionBase):
     """Run the checks given (``checks``: a list of ``{check, args, skip}``; see the module docstring)
     and return their records (``records``), in order; a check with ``skip: true`` is left out."""
@@ -811,12 +830,22 @@ class ActionModule(ActionBase):
         hv = task_vars["hostvars"]
         options = _filters.spec_options(dict(args["specs"]))
         names = set(options) | set(_run_ids.RUN_ID_VARS)
-        extra_names = set(load_extra_vars(self._loader)) & names
-        here = hv[task_vars.get("inventory_hostname", "localhost")]
-        extra = {n: here[n] for n in extra_names if n in here}
-        hosts = {h: {n: hv[h][n] for n in names - extra_names if n in hv[h]} for h in args.get("hosts") or []}
+        everywhere = list(args.get("hosts") or []) or [task_vars.get("inventory_hostname", "localhost")]
+        hosts: dict[str, dict[str, Any]] = {h: {} for h in everywhere}
+        extra: dict[str, Any] = {}
+        given_with_e = set(load_extra_vars(self._loader))
+        for name in sorted(names):
+            seen = {h: _value(hv, h, name) for h in everywhere}
+            seen = {h: v for h, v in seen.items() if v is not _UNSET}
+            first = next(iter(seen.values()), None)
+            if name in given_with_e and seen and all(v == first for v in seen.values()):
+                extra[name] = first
+            else:  # set in the inventory, or an -e template each host renders its own way: per host
+                for h, v in seen.items():
+                    hosts[h][name] = v
         return given(args["specs"], hosts, extra, args.get("rules") or [], args.get("rdzv_keys") or [],
-                     args.get("governors") or [], int(args.get("trainers") or 0), args.get("defaults") or {})
+                     args.get("governors") or [], int(args.get("trainers") or 0), args.get("defaults") or {},
+                     sorted(given_with_e - set(extra)))
 
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
