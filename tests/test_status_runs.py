@@ -296,3 +296,18 @@ def test_status_says_where_it_read_the_store_and_the_store_the_run_was_launched_
     assert f"store and lighthouse state read in {tmp_path / 'rdzv'} on this controller" in text, text
     assert (f"run {RUN_ID}'s store 127.0.0.1:29411 (recorded on laptop-run) is not the one read here "
             "(port 29499); fix: -e rendezvous_port=29411") in text, text
+
+
+@pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
+def test_a_refusal_is_one_line_without_ansibles_origin_block(tmp_path):
+    """newcomer: status.yml's refusals carried Ansible's 'Origin:' block (the task file and five
+    lines of its YAML) under the message (callback_plugins/ddp_lab.py, ansible.cfg)."""
+    inv, env = _one_running(tmp_path)
+    out = _play(inv, env, "status.yml", "run_id=nonsense")
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text
+    lines = text.splitlines()
+    refusal = "[ERROR]: Task failed: Action failed: no trainer holds run nonsense"
+    at = next(i for i, line in enumerate(lines) if line.startswith(refusal))
+    assert lines[at + 1].startswith("fatal: [laptop-"), text
+    assert "Origin:" not in text and "assertion" not in text, text
