@@ -15,9 +15,10 @@ from typing import Any
 # --rdzv-id: no '/', and no leading '.' ('.', '..' and the controller's runs/.rdzv, runs/.live).
 RUN_ID = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$")
 RUN_ID_RULE = "1-64 of the characters A-Z a-z 0-9 . _ -, not starting with '.'"
-# The variables that take a run id: the playbooks' -e run_id (status, attach, logs, kill-node) and
+# The variables that take a run id: the playbooks' -e run_id (status, attach, logs, kill-node, report) and
 # the roles' settings. The one list the checks of their form read (tasks/run_id.yml, roles/validate).
-RUN_ID_VARS = ("run_id", "ddp_job_resume_run_id", "ddp_job_run_id", "collect_run_id", "fault_run_id")
+RUN_ID_VARS = ("run_id", "ddp_job_resume_run_id", "ddp_job_run_id", "collect_run_id", "fault_run_id",
+               "report_run_id")
 SOURCES = ("link", "nodes", "new")
 
 
