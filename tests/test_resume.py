@@ -463,3 +463,25 @@ def test_a_play_without_validate_judges_the_resume_as_ddp_job_does(cluster, tmp_
     assert {r["engine_rdzv"] for r in _rendered(out).values()} == {"per_step"}
     rc, out = cluster([str(play)], "-e", "ddp_job_resume_run_id=nope")
     assert rc == 2 and errors(out)[0].startswith("no trainer holds a checkpoint of run nope"), out[-3000:]
+
+
+@pytest.mark.parametrize("setting", ["ddp_job_resume_run_id=../etc", "ddp_job_run_id=.."])
+def test_ddp_jobs_preflight_checks_a_run_ids_form_by_ddp_labs_rule(tmp_path: Path, setting):
+    """playbooks/train.yml alone (no validate play): ddp_job's preflight had its own pattern, which
+    took '..'; it now asks ddp_lab's filter (one home of a run id's form), one line naming the variable."""
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"children": {
+        "trainers": {"hosts": {"t-a": local}}, "rendezvous": {"hosts": local_controller(tmp_path)}}}}))
+    play = tmp_path / "preflight.yml"
+    play.write_text(yaml.safe_dump([{
+        "name": "As playbooks/train.yml's launch", "hosts": "trainers", "gather_facts": False,
+        "roles": [{"role": "ddp_lab"}],
+        "tasks": [{"name": "Preflight",
+                   "ansible.builtin.include_role": {"name": "ddp_job", "tasks_from": "preflight"}}],
+    }]))
+    rc, out = run_playbooks(ansible_env(), str(inventory), [str(play)], "-e", setting, timeout=300)
+    name, value = setting.split("=", 1)
+    assert rc == 2, out[-3000:]
+    (line,) = errors(out)
+    assert line.startswith(f"{name} {value!r} is not a run id: a run id is 1-64 of the characters"), line
