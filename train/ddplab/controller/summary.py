@@ -410,7 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     b.add_argument("--hosts", default="", help="comma-separated trainers of the run (default: host folders)")
     b.add_argument("--json", action="store_true", help="print the summary JSON instead of the text")
     b.add_argument("--running", default="", metavar="HOSTS",
-                   help="comma-separated trainers whose agent still runs the job: a snapshot, outcome running")
+                   help="comma-separated trainers still running the job (a snapshot: outcome running)")
     f = sub.add_parser("faults", help="measure the injections of events.jsonl into summary.json")
     f.add_argument("run_dir", type=Path, help="runs/<run_id> on the controller (holds events.jsonl)")
     f.add_argument("--metrics", type=Path, default=None,
