@@ -760,12 +760,11 @@ ACROSS = {"unique_address": (unique_address, "__validate_address"),
 _UNSET = object()
 
 
-def _value(hostvars: Any, host: str, name: str) -> Any:
-    """``hostvars[host][name]`` rendered for that host (a template -e value may read the host's own
-    facts), as plain data; :data:`_UNSET` when the host has no such variable or cannot render it
-    yet (e.g. a fact a later play sets): its own checks judge it where the role runs."""
+def _value(found: Any, name: str) -> Any:
+    """``found[name]`` (``found``: ``hostvars[host]``) rendered for that host (a template -e value may
+    read the host's own facts), as plain data; :data:`_UNSET` when the host has no such variable or
+    cannot render it yet (e.g. a fact a later play sets): its own checks judge it where the role runs."""
     try:
-        found = hostvars[host]
         if name not in found:
             return _UNSET
         return json.loads(json.dumps(found[name]))
@@ -834,8 +833,9 @@ class ActionModule(ActionBase):
         hosts: dict[str, dict[str, Any]] = {h: {} for h in everywhere}
         extra: dict[str, Any] = {}
         given_with_e = set(load_extra_vars(self._loader))
+        host_vars = {h: hv[h] for h in everywhere}  # each one's variables, gathered once
         for name in sorted(names):
-            seen = {h: _value(hv, h, name) for h in everywhere}
+            seen = {h: _value(host_vars[h], name) for h in everywhere}
             seen = {h: v for h, v in seen.items() if v is not _UNSET}
             first = next(iter(seen.values()), None)
             if name in given_with_e and seen and all(v == first for v in seen.values()):
