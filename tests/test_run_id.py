@@ -9,6 +9,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+import yaml
+from labharness import REPO, ansible_env, errors, local_controller, recap, run_playbooks
 
 PATH = Path(__file__).resolve().parents[1] / "roles" / "ddp_lab" / "filter_plugins" / "ddp_lab.py"
 _spec = importlib.util.spec_from_file_location("ddp_lab_filters", PATH)
@@ -86,3 +88,26 @@ def test_good_and_absent_run_ids_pass_and_an_unnamed_one_is_a_run_id():
     assert f.run_id_problem("", "run_id") == "" and f.run_id_problem(None) == ""
     # -e run_id (status, attach, logs, kill-node) is named before the role variable it feeds
     assert f.run_id_problems(["../x"], {"run_id": "../x", "ddp_job_run_id": "../x"})[0].startswith("run_id ")
+
+
+@pytest.mark.parametrize(("command", "name", "bad"), [
+    (["status.yml"], "run_id", "../etc"),
+    (["attach.yml"], "run_id", ".."),
+    (["logs.yml", "-e", "node=t-a"], "run_id", "a/b"),
+    (["playbooks/collect.yml"], "collect_run_id", "../etc"),
+    (["playbooks/report.yml"], "report_run_id", ".rdzv"),
+])
+def test_every_playbook_that_takes_a_run_id_refuses_a_bad_one_in_one_line(tmp_path, command, name, bad):
+    """status/attach/logs/collect/report: a run id not of a run id's form was a templating error of
+    several lines (status) or a path built from it; now one line naming the variable, exit 2, and no
+    trainer is contacted (their addresses are TEST-NET: one would be 'unreachable')."""
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"children": {
+        "trainers": {"hosts": {"t-a": {"ansible_host": "192.0.2.11", "ansible_connection": "ssh"}}},
+        "rendezvous": {"hosts": local_controller(tmp_path)}}}}))
+    rc, out = run_playbooks(ansible_env(), str(inventory), [str(REPO / command[0]), *command[1:]],
+                            "-e", f"{name}={bad}", timeout=300)
+    assert rc == 2, out[-3000:]
+    (line,) = errors(out)
+    assert line.startswith(f"{name} {bad!r} is not a run id: a run id is 1-64 of the characters"), line
+    assert all(r["unreachable"] == 0 for r in recap(out).values()), recap(out)
