@@ -13,7 +13,10 @@ module named like the check, called ``check(host, **args)`` (see its docstring),
 - ``unique_address``/``unique_name``: ``key`` (default ``__validate_address``/``__validate_hostname``),
   compared across the play's hosts;
 - ``reach``: ``what`` (store | lighthouse), ``address``, ``port``, ``timeout_s``: a TCP connection
-  from the node (``ansible.builtin.wait_for`` run there).
+  from the node (``ansible.builtin.wait_for`` run there);
+- ``given``: ``specs``, ``hosts``, ``rules``, ``rdzv_keys``, ``governors``, ``trainers``, ``defaults``
+  (:func:`given`): the settings given, once, before any role starts (tasks/given.yml); which came
+  with -e is read from ansible-playbook's command line, the values from ``hostvars``.
 
 Where they run: the inventory (trainers, rendezvous, rendezvous_address, unique_hosts,
 unique_names) and the controller (dataset, port) in tasks/inventory.yml, controller.yml and
