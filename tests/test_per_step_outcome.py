@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ddplab.controller import summary as summary_mod
 from ddplab.controller.report.data import run_status
-from ddplab.controller.rundir import cut_off_nodes, load_run, run_outcome
+from ddplab.controller.rundir import cut_off_nodes, launch_since, load_run, run_outcome
 
 FIXTURE = Path(__file__).parent / "fixtures" / "per_step_cut_off_9e9b"
 
@@ -113,3 +113,45 @@ def test_status_reads_the_cut_off_laptop_of_a_finished_run_as_cut_off_not_failed
     alone = {"laptop-c": nodes["laptop-c"]}
     rows = table.mark_cut_off([table.row_of(h, r) for h, r in alone.items()], alone)
     assert table.bad_nodes(rows) == ["laptop-c: failed"]
+
+
+def _ps(host: str, event: str, t: float, **kw) -> dict:
+    return {"event": event, "time": t, "host": host, "local_rank": 0, "engine": "per_step", **kw}
+
+
+def test_launch_since_without_events_and_no_first_attempt_start_is_the_oldest_start():
+    """Every start a torchrun restart (restart_count > 0), no launch/resume event: max() of an empty
+    sequence (ValueError) crashed summary build and the report."""
+    assert launch_since([_ps("laptop-a", "start", 1, restart_count=2)], []) == 1
+    records = [_ps("laptop-a", "start", 1, restart_count=2), _ps("laptop-a", "step", 2, step=1),
+               _ps("laptop-a", "end", 3, step=1)]
+    assert run_outcome(records, []) == "finished"
+
+
+def test_without_events_a_rejoined_agents_start_is_no_launch():
+    """A rejoined agent starts at restart_count 0 after its peers finished: its start is not the
+    launch (before: the peers' end records fell before it and the run read 'failed')."""
+    records = [_ps(h, "start", 0, restart_count=0) for h in ("laptop-a", "laptop-b", "laptop-c")]
+    records += [_ps(h, "step", 10, step=1) for h in ("laptop-a", "laptop-b", "laptop-c")]
+    records += [_ps(h, "end", 100, step=50) for h in ("laptop-a", "laptop-b")]
+    records += [_ps("laptop-c", "start", 120, restart_count=0),
+                _ps("laptop-c", "failure", 150, step=1, cause="cut_off", restart_count=0)]
+    assert launch_since(records, []) == 0
+    assert run_outcome(records, []) == "finished"
+    # with the launch event, the launch is the event's time
+    assert launch_since(records, [{"kind": "launch", "time": -1.0}]) == -1.0
+
+
+def test_cut_off_line_of_a_replica_that_never_had_a_group_quorum():
+    """Before: 'no quorum for 122 s after quorum None'."""
+    never = {"host": "laptop-c", "step": 0, "last_group_quorum_id": None, "quorum_id": None,
+             "unreachable_s": 122.4}
+    line = summary_mod.cut_off_line(never)
+    assert "None" not in line
+    assert line.startswith("laptop-c: cut off from the group at step 0 (no quorum for 122 s, never in a "
+                           "group quorum); ")
+    assert "(in quorum 7, never in a group quorum)" in summary_mod.cut_off_line({**never, "quorum_id": 7})
+    assert "(no quorum for 122 s after quorum 3)" in summary_mod.cut_off_line(
+        {**never, "last_group_quorum_id": 3})
+    assert "(cut off from quorum 3 to quorum 9)" in summary_mod.cut_off_line(
+        {**never, "last_group_quorum_id": 3, "quorum_id": 9})

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddplab.faults import LAUNCH_KINDS
 from ddplab.records import Record, as_int, by_time, events_of, num, read_jsonl, read_metrics_dir
 
 SUMMARY_FILE = "summary.json"
@@ -238,26 +239,24 @@ def world_size_at(timeline: Sequence[dict[str, Any]], t: float) -> int | None:
 # ----------------------------------------------------------------------------- outcome
 
 STOP_EVENT = "stop"  # events.jsonl kind written by stop.yml when it stopped a running agent
-#: events.jsonl kinds that begin a launch of the run (site.yml's launch, a resume)
-LAUNCH_EVENTS = ("launch", "resume")
 OUTCOMES = ("finished", "stopped", "failed", "incomplete", "no metrics")
 
 
 def launch_since(records: Sequence[Record], events: Sequence[Record]) -> float:
-    """When the run's newest launch began: the newest ``start`` record; under per_step, where a
-    replica's worker can start (a torchrun restart, a rejoin) after its peers finished, the newest
-    ``launch``/``resume`` event (without events: the newest start of a first attempt,
-    ``restart_count`` 0). -inf when there is none."""
+    """When the run's newest launch began (unix s): the newest ``start`` record; under per_step,
+    where a replica's worker can start (a torchrun restart, a rejoin) after its peers finished,
+    the newest ``launch``/``resume`` event (:data:`ddplab.faults.LAUNCH_KINDS`), and without
+    such events the oldest ``start`` record (no record names its launch: every launch's records
+    count, so a rejoined or restarted worker's start never hides its peers' ``end`` records).
+    -inf when there is no ``start`` record. Raises nothing."""
     starts = [r for r in records if r.get("event") == "start" and num(r.get("time")) is not None]
     newest = max(starts, key=lambda r: num(r.get("time")), default=None)
     if newest is None:
         return float("-inf")
     if newest.get("engine") != "per_step":
         return num(newest.get("time"))
-    launches = [t for e in events if e.get("kind") in LAUNCH_EVENTS and (t := num(e.get("time"))) is not None]
-    if launches:
-        return max(launches)
-    return max(num(r.get("time")) for r in starts if not r.get("restart_count"))
+    launches = [t for e in events if e.get("kind") in LAUNCH_KINDS and (t := num(e.get("time"))) is not None]
+    return max(launches) if launches else min(num(r.get("time")) for r in starts)
 
 
 def cut_off_nodes(per_host: Mapping[str, Sequence[Record]], events: Sequence[Record]) -> list[dict[str, Any]]:

@@ -297,8 +297,10 @@ def update_summary(run_dir: str | Path, **fields: Any) -> Path:
 def cut_off_line(node: Mapping[str, Any]) -> str:
     """One line for a node of :func:`ddplab.controller.rundir.cut_off_nodes`."""
     last, qid = node.get("last_group_quorum_id"), node.get("quorum_id")
-    how = (f"cut off from quorum {last} to quorum {qid}" if qid is not None
-           else f"no quorum for {fmt(num(node.get('unreachable_s')), '.0f')} s after quorum {last}")
+    since = ", never in a group quorum" if last is None else f" after quorum {last}"
+    how = (f"cut off from quorum {last} to quorum {qid}" if qid is not None and last is not None
+           else f"in quorum {qid}{since}" if qid is not None
+           else f"no quorum for {fmt(num(node.get('unreachable_s')), '.0f')} s{since}")
     return (f"{node.get('host')}: cut off from the group at step {node.get('step')} ({how}); "
             "nothing trained alone, its state and checkpoints kept (not the run's result)")
 
