@@ -485,3 +485,29 @@ def test_ddp_jobs_preflight_checks_a_run_ids_form_by_ddp_labs_rule(tmp_path: Pat
     assert rc == 2, out[-3000:]
     (line,) = errors(out)
     assert line.startswith(f"{name} {value!r} is not a run id: a run id is 1-64 of the characters"), line
+
+
+@pytest.mark.parametrize("setting", ["ddp_job_resume_run_id=../etc", "ddp_job_run_id=.."])
+def test_train_playbook_refuses_a_bad_run_id_before_the_store_starts(tmp_path: Path, setting):
+    """The real playbooks/train.yml: its first play used to start the store (roles/rendezvous)
+    before ddp_job's preflight refused the id, and the play that stops the store never ran (an
+    orphaned store). The refusal now comes first: one line naming the variable, no store pidfile,
+    nothing listening on the store's port."""
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    controller = local_controller(tmp_path)
+    controller["controller"]["rendezvous_address"] = "127.0.0.1"  # a store there would answer
+    port = controller["controller"]["rendezvous_port"]
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"children": {
+        "trainers": {"hosts": {"t-a": local}}, "rendezvous": {"hosts": controller}}}}))
+    rc, out = run_playbooks(ansible_env(), str(inventory), [str(REPO / "playbooks/train.yml")],
+                            "-e", setting, timeout=300)
+    name, value = setting.split("=", 1)
+    assert rc == 2, out[-3000:]
+    (line,) = errors(out)
+    assert line.startswith(f"{name} {value!r} is not a run id"), line
+    assert "Start the rendezvous store" not in out, out[-3000:]
+    assert not list((tmp_path / "rdzv").glob("store-*.json")), out[-3000:]
+    with socket.socket() as s:
+        s.settimeout(2)
+        assert s.connect_ex(("127.0.0.1", port)) != 0, f"something listens on the store port {port}"
