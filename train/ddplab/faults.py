@@ -97,8 +97,12 @@ WorkerKey = tuple[str, int]  # (host, local_rank)
 MODES = ("kill-worker", "kill-agent", "poweroff", "freeze", "partition", "throttle", "rejoin")
 #: faults after which the target is gone until a rejoin: its own records do not count for detection
 GONE_MODES = ("kill-agent", "poweroff")
-#: events.jsonl kinds after which a run's records belong to a new launch (resume.yml / site.yml)
-LAUNCH_KINDS = ("launch", "resume")
+#: events.jsonl kinds after which a run's records belong to a new launch (site.yml / resume.yml),
+#: with what each did for a reader (the report's no-training band labels)
+LAUNCH_WORDS = {"launch": "launched", "resume": "resumed"}
+LAUNCH_KINDS = tuple(LAUNCH_WORDS)
+#: events.jsonl kind that stop.yml writes when it stops a running agent: no recovery after it counts.
+STOP_KIND = "stop"
 #: records that name a completed step in their ``step`` field (:func:`step_at`)
 STEP_EVENTS = ("step", "val", "checkpoint", "failure", "end")
 
@@ -411,10 +415,6 @@ def _per_step(m: FaultMeasure, inj: Injection, recs: Sequence[Record],
             m.outcome = "not_recovered"
             m.cause = m.cause or "no step committed at another participant count after the fault"
     return _stall_and_slowdown(m, inj, recs, last_before, first_after_any)
-
-
-#: events.jsonl kind that stop.yml writes when it stops a running agent: no recovery after it counts.
-STOP_KIND = "stop"
 
 
 def measure_all(events: Iterable[Record], records: Sequence[Record]) -> list[FaultMeasure]:

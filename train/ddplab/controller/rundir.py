@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddplab.faults import LAUNCH_KINDS
+from ddplab.faults import LAUNCH_KINDS, STOP_KIND
 from ddplab.records import Record, as_int, by_time, events_of, num, read_jsonl, read_metrics_dir
 
 SUMMARY_FILE = "summary.json"
@@ -238,7 +238,6 @@ def world_size_at(timeline: Sequence[dict[str, Any]], t: float) -> int | None:
 
 # ----------------------------------------------------------------------------- outcome
 
-STOP_EVENT = "stop"  # events.jsonl kind written by stop.yml when it stopped a running agent
 OUTCOMES = ("finished", "stopped", "failed", "incomplete", "no metrics")
 
 
@@ -298,7 +297,7 @@ def run_outcome(records: Sequence[Record], events: Sequence[Record]) -> str:
 
     if after("end"):
         return "finished"
-    stops = [t for e in events if e.get("kind") == STOP_EVENT and (t := num(e.get("time"))) is not None]
+    stops = [t for e in events if e.get("kind") == STOP_KIND and (t := num(e.get("time"))) is not None]
     if any(t >= since - 1.0 for t in stops):
         return "stopped"
     return "failed" if after("failure") else "incomplete"

@@ -26,7 +26,7 @@ from ddplab.controller.rundir import (
     world_size_timeline,
 )
 from ddplab.controller.summary import cut_off_line, final_evaluation, measure_faults
-from ddplab.faults import is_per_step
+from ddplab.faults import LAUNCH_WORDS, STOP_KIND, is_per_step
 from ddplab.faults import step_at as fault_step_at
 from ddplab.records import as_int, by_time, num
 
@@ -278,10 +278,10 @@ def _band_cause(run: RunFolder, a: float, b: float, fl: Sequence[Fault]) -> tupl
         if f.time <= b and until >= a:
             return "fault", f"fault: {f.mode} {f.node}"
     # stop.yml records its event before the agents finish their step and stop: up to STOP_SLACK_S earlier
-    kinds = {e.get("kind") for e in run.events if (t := num(e.get("time"))) is not None
-             and a - (STOP_SLACK_S if e.get("kind") == "stop" else 0.0) <= t <= b}
-    said = [word for kind, word in (("stop", "stopped"), ("resume", "resumed"), ("launch", "launched"))
-            if kind in kinds]
+    words = {STOP_KIND: "stopped", **LAUNCH_WORDS}
+    marks = sorted((t, e["kind"]) for e in run.events if e.get("kind") in words and (t := num(e.get("time")))
+                   is not None and a - (STOP_SLACK_S if e["kind"] == STOP_KIND else 0.0) <= t <= b)
+    said = list(dict.fromkeys(words[kind] for _, kind in marks))  # in time order, each once
     if said:
         return "stop", ", then ".join(said)
     inside = {str(r.get("event")) for r in run.records if a < (num(r.get("time")) or -math.inf) < b}
