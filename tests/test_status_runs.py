@@ -48,10 +48,7 @@ def test_unit_holds_run_by_invocation_then_current_run(tmp_path):
 def _two_runs(tmp_path: Path, old_end: bool = True) -> tuple[Path, dict]:
     """Two local laptops whose agent unit runs run NEW (invocation inv-new, current_run NEW) while
     the older run OLD (invocation inv-old) ended on both: its records hold an end (or not)."""
-    inv, env = _case(tmp_path, {"laptop-x": "running", "laptop-y": "running"})
-    data = json.loads(inv.read_text())
-    del data["all"]["children"]["trainers"]["hosts"]["laptop-off"]
-    inv.write_text(json.dumps(data))
+    inv, env = _case(tmp_path, {"laptop-x": "running", "laptop-y": "running"}, unreachable=False)
     for i, host in enumerate(("laptop-x", "laptop-y")):
         show = tmp_path / "units" / f"agent-{host}.show"
         show.write_text(show.read_text() + "InvocationID=inv-new\n")
@@ -117,13 +114,8 @@ def test_a_running_job_without_a_step_says_starting_or_no_step_yet():
 
 
 def _one_running(tmp_path: Path) -> tuple[Path, dict]:
-    inv, env = _case(tmp_path, {"laptop-run": "running", "laptop-end": "ended"})
-    data = json.loads(inv.read_text())
-    del data["all"]["children"]["trainers"]["hosts"]["laptop-off"]
-    inv.write_text(json.dumps(data))
-    (tmp_path / "bin" / "journalctl").write_text(FAKE_JOURNALCTL)
-    (tmp_path / "bin" / "journalctl").chmod(0o755)
-    return inv, env
+    return _case(tmp_path, {"laptop-run": "running", "laptop-end": "ended"}, unreachable=False,
+                 journalctl=True)
 
 
 @pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
@@ -192,12 +184,8 @@ def test_attach_plan_follows_only_a_run_an_agent_unit_speaks_of():
 def test_attach_collects_a_stopped_run_whose_unit_systemd_dropped(tmp_path):
     """newcomer: attach.yml refused a run stop.yml had stopped once systemd had dropped its agent
     unit ('no job of run R on any trainer'): it says the run was stopped and collects it."""
-    inv, env = _case(tmp_path, {"laptop-x": "absent", "laptop-y": "absent"})
-    data = json.loads(inv.read_text())
-    del data["all"]["children"]["trainers"]["hosts"]["laptop-off"]
-    inv.write_text(json.dumps(data))
-    (tmp_path / "bin" / "journalctl").write_text(FAKE_JOURNALCTL)
-    (tmp_path / "bin" / "journalctl").chmod(0o755)
+    inv, env = _case(tmp_path, {"laptop-x": "absent", "laptop-y": "absent"}, unreachable=False,
+                     journalctl=True)
     for i, host in enumerate(("laptop-x", "laptop-y")):
         m = tmp_path / "base" / host / "runs" / RUN_ID / "metrics"
         m.mkdir(parents=True)

@@ -224,9 +224,12 @@ echo "LoadState=not-found"
 """
 
 
-def _case(tmp_path: Path, states: dict[str, str]) -> tuple[Path, dict[str, str]]:
-    """Local trainers named after their state, their run folders and fake units; one unreachable
-    trainer (TEST-NET address over ssh). Returns the inventory and the environment."""
+def _case(tmp_path: Path, states: dict[str, str], unreachable: bool = True,
+          journalctl: bool = False) -> tuple[Path, dict[str, str]]:
+    """Local trainers named after their state, their run folders and fake units; with
+    ``unreachable``, one unreachable trainer ``laptop-off`` (TEST-NET address over ssh); with
+    ``journalctl``, a fake journalctl (FAKE_JOURNALCTL) on the PATH. Returns the inventory and the
+    environment."""
     base, units, runs = tmp_path / "base", tmp_path / "units", tmp_path / "runs"
     fakebin = tmp_path / "bin"
     for d in (units, runs, fakebin):
@@ -248,8 +251,12 @@ def _case(tmp_path: Path, states: dict[str, str]) -> tuple[Path, dict[str, str]]
             (m / f"{host}-local0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in r))
         hosts[host] = {"ansible_connection": "local", "ddp_lab_base_dir": str(base / host),
                        "ddp_lab_unit": unit}
-    hosts["laptop-off"] = {"ansible_host": "192.0.2.1", "ansible_connection": "ssh",
-                           "ansible_ssh_common_args": "-o ConnectTimeout=2 -o ControlMaster=no"}
+    if unreachable:
+        hosts["laptop-off"] = {"ansible_host": "192.0.2.1", "ansible_connection": "ssh",
+                               "ansible_ssh_common_args": "-o ConnectTimeout=2 -o ControlMaster=no"}
+    if journalctl:
+        (fakebin / "journalctl").write_text(FAKE_JOURNALCTL)
+        (fakebin / "journalctl").chmod(0o755)
     inv = {"all": {"children": {
         "trainers": {"hosts": hosts, "vars": {
             "ansible_python_interpreter": sys.executable, "ansible_become_method": "su",
@@ -303,10 +310,7 @@ def test_status_playbook_table_and_exit_code(tmp_path):
 @pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
 def test_status_playbook_exits_zero_when_every_laptop_is_well(tmp_path):
     """Also: without runs/current (a job launched from another checkout) the run is the laptops'."""
-    inv, env = _case(tmp_path, {"laptop-run": "running", "laptop-end": "ended"})
-    data = json.loads(inv.read_text())
-    del data["all"]["children"]["trainers"]["hosts"]["laptop-off"]
-    inv.write_text(json.dumps(data))
+    inv, env = _case(tmp_path, {"laptop-run": "running", "laptop-end": "ended"}, unreachable=False)
     (tmp_path / "runs" / "current").unlink()
     for host in ("laptop-run", "laptop-end"):
         (tmp_path / "base" / host / "current_run").write_text("20261130-190000-abcd\n")
@@ -320,10 +324,9 @@ def test_status_playbook_exits_zero_when_every_laptop_is_well(tmp_path):
 
 @pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
 def test_status_playbook_names_a_laptop_whose_state_cannot_be_read(tmp_path):
-    inv, env = _case(tmp_path, {"laptop-run": "running"})
+    inv, env = _case(tmp_path, {"laptop-run": "running"}, unreachable=False)
     data = json.loads(inv.read_text())
     hosts = data["all"]["children"]["trainers"]["hosts"]
-    del hosts["laptop-off"]
     hosts["laptop-run"]["ddp_job_venv"] = str(tmp_path / "no-venv")  # not provisioned
     inv.write_text(json.dumps(data))
     out = _play(inv, env, "status.yml")
@@ -359,9 +362,7 @@ n=$4; i=1; while [ "$i" -le "$n" ]; do echo "$2 journal line $i"; i=$((i + 1)); 
 
 @pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
 def test_logs_playbook_shows_the_journal_and_the_newest_stderr_of_the_rank(tmp_path):
-    inv, env = _case(tmp_path, {"laptop-run": "running", "laptop-end": "ended"})
-    (tmp_path / "bin" / "journalctl").write_text(FAKE_JOURNALCTL)
-    (tmp_path / "bin" / "journalctl").chmod(0o755)
+    inv, env = _case(tmp_path, {"laptop-run": "running", "laptop-end": "ended"}, journalctl=True)
     logs = tmp_path / "base/laptop-run/runs/20261130-190000-abcd/logs/20261130-190000-abcd_x1"
     for attempt, text in ((0, "old attempt\n"), (1, "stderr one\nstderr two\nstderr three\n")):
         (logs / f"attempt_{attempt}/0").mkdir(parents=True)
@@ -378,10 +379,7 @@ def test_logs_playbook_shows_the_journal_and_the_newest_stderr_of_the_rank(tmp_p
 
 @pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
 def test_attach_refuses_when_no_trainer_has_the_job(tmp_path):
-    inv, env = _case(tmp_path, {"laptop-none": "absent"})
-    data = json.loads(inv.read_text())
-    del data["all"]["children"]["trainers"]["hosts"]["laptop-off"]
-    inv.write_text(json.dumps(data))
+    inv, env = _case(tmp_path, {"laptop-none": "absent"}, unreachable=False)
     out = _play(inv, env, "attach.yml")
     text = out.stdout + out.stderr
     assert out.returncode != 0, text
@@ -394,10 +392,7 @@ def test_attach_refuses_a_run_no_trainer_holds(tmp_path):
     """attach.yml -e run_id=<a run no laptop has> while another run's job runs there (newcomer,
     2026-12-01: it watched the other job to its end, stopped the store and 'collected' the unknown
     run into a new folder, exit 0): one line, before the watch, and nothing written."""
-    inv, env = _case(tmp_path, {"laptop-run": "running"})
-    data = json.loads(inv.read_text())
-    del data["all"]["children"]["trainers"]["hosts"]["laptop-off"]
-    inv.write_text(json.dumps(data))
+    inv, env = _case(tmp_path, {"laptop-run": "running"}, unreachable=False)
     runs = tmp_path / "runs"
     out = _play(inv, env, "attach.yml", "run_id=20990101-000000-zzzz", "ddp_job_watch_interval_s=1",
                 f"collect_runs_dir={runs}", f"report_runs_dir={runs}")
@@ -413,10 +408,7 @@ def test_status_refuses_a_run_no_trainer_holds(tmp_path):
     """status.yml -e run_id=<a run no laptop has> while another run's job runs there (newcomer,
     2026-12-01: a table headed "run nonsense" with every laptop "running -", exit 0): one line, as
     attach.yml says it (tasks/held.yml), exit non-zero, no table."""
-    inv, env = _case(tmp_path, {"laptop-run": "running", "laptop-end": "ended"})
-    data = json.loads(inv.read_text())
-    del data["all"]["children"]["trainers"]["hosts"]["laptop-off"]
-    inv.write_text(json.dumps(data))
+    inv, env = _case(tmp_path, {"laptop-run": "running", "laptop-end": "ended"}, unreachable=False)
     out = _play(inv, env, "status.yml", "run_id=nonsense")
     text = out.stdout + out.stderr
     assert out.returncode != 0, text
@@ -456,12 +448,7 @@ def test_attach_follows_the_job_then_collects_and_reports(tmp_path):
     """attach.yml on a job that ended meanwhile: the watch's last lines, then collect and report as
     site.yml does (the same task files: roles/ddp_job/tasks/watch.yml, playbooks/collect.yml,
     playbooks/report.yml)."""
-    inv, env = _case(tmp_path, {"laptop-x": "ended", "laptop-y": "ended"})
-    data = json.loads(inv.read_text())
-    del data["all"]["children"]["trainers"]["hosts"]["laptop-off"]
-    inv.write_text(json.dumps(data))
-    (tmp_path / "bin" / "journalctl").write_text(FAKE_JOURNALCTL)
-    (tmp_path / "bin" / "journalctl").chmod(0o755)
+    inv, env = _case(tmp_path, {"laptop-x": "ended", "laptop-y": "ended"}, unreachable=False, journalctl=True)
     runs = tmp_path / "runs"  # collect and report write here, not into the checkout's runs/
     out = _play(inv, env, "attach.yml", "ddp_job_watch_interval_s=1", f"collect_runs_dir={runs}",
                 f"report_runs_dir={runs}")
@@ -505,13 +492,9 @@ def test_stop_event_of_the_newest_launch(lines, expected):
 def _stop_case(tmp_path: Path, states: dict[str, str]) -> tuple[Path, dict[str, str]]:
     """_case without the unreachable laptop, with a fake pgrep (no training process left) and
     journalctl, and the run's events.jsonl holding its launch."""
-    inv, env = _case(tmp_path, states)
-    data = json.loads(inv.read_text())
-    del data["all"]["children"]["trainers"]["hosts"]["laptop-off"]
-    inv.write_text(json.dumps(data))
-    for name, script in (("pgrep", "#!/bin/sh\nexit 1\n"), ("journalctl", FAKE_JOURNALCTL)):
-        (tmp_path / "bin" / name).write_text(script)
-        (tmp_path / "bin" / name).chmod(0o755)
+    inv, env = _case(tmp_path, states, unreachable=False, journalctl=True)
+    (tmp_path / "bin" / "pgrep").write_text("#!/bin/sh\nexit 1\n")
+    (tmp_path / "bin" / "pgrep").chmod(0o755)
     launch = {"time": time.time() - 100, "kind": "launch", "run_id": RUN_ID, "hosts": sorted(states)}
     (tmp_path / "runs" / RUN_ID / "events.jsonl").write_text(json.dumps(launch) + "\n")
     return inv, env
