@@ -175,6 +175,19 @@ def test_report_without_summary_derives_figures(tmp_path):
     assert "restarts 2" in text
 
 
+def test_a_report_build_measures_the_faults_once(tmp_path, monkeypatch, capsys):
+    """Without faults in summary.json the report measured them on every faults() call (4 per build:
+    the recovery table, the bands of the page and of the plot, the plot's marks) and printed a
+    malformed fault event's warning 4 times (this run's "kill" is no fault mode)."""
+    run = make_run(tmp_path, summary=False)
+    calls = []
+    real = data.measure_faults
+    monkeypatch.setattr(data, "measure_faults", lambda r: calls.append(r) or real(r))
+    report.build_report(run)
+    assert len(calls) == 1
+    assert capsys.readouterr().err.count("fault event with unknown mode 'kill'") == 1
+
+
 def test_derived_series(tmp_path):
     run = report.load_run(make_run(tmp_path))
     rs = data.restarts(run)

@@ -71,7 +71,9 @@ class RunFolder:
     events.jsonl records; ``configs`` / ``results``: host -> its run.json / result.json;
     ``summary``: the existing summary.json ({} when missing or unreadable, ``summary_error`` says
     why when it is there but unreadable); ``skipped_lines``: torn JSONL lines skipped;
-    ``samples``: host -> the text of its ``sample.txt`` (at most ``SAMPLE_MAX_CHARS``).
+    ``samples``: host -> the text of its ``sample.txt`` (at most ``SAMPLE_MAX_CHARS``);
+    ``derived``: figures computed once from these records for every reader of this load (the
+    report's measured faults, ddplab.controller.report.data.faults).
     """
 
     path: Path
@@ -87,6 +89,7 @@ class RunFolder:
     skipped_lines: int = 0
     notes: list[str] = field(default_factory=list)
     samples: dict[str, str] = field(default_factory=dict)
+    derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def hosts(self) -> list[str]:

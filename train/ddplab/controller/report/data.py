@@ -178,10 +178,13 @@ def faults(run: RunFolder) -> list[Fault]:
     records, or by kill-node.yml from the records it fetched: :func:`ddplab.faults.measure_all`
     both); without them, measured here by the same function
     (:func:`ddplab.controller.summary.measure_faults`) from the run's records; else the events.jsonl
-    records of ``kind: fault`` (not measured: a malformed fault event)."""
+    records of ``kind: fault`` (not measured: a malformed fault event). Measured once per loaded
+    run (kept in ``run.derived``): a report build reads the faults several times."""
     src = run.summary.get("faults")
     if not (isinstance(src, list) and src):
-        src = measure_faults(run)
+        if "faults" not in run.derived:
+            run.derived["faults"] = measure_faults(run)
+        src = run.derived["faults"]
     if isinstance(src, list) and src:
         return [Fault(str(f.get("mode", "?")), str(f.get("node", "?")), f.get("rank"),
                       num(f.get("injected_at")), num(f.get("detected_s")), num(f.get("recovered_s")),
