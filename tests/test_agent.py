@@ -171,3 +171,12 @@ def test_a_diverged_run_is_not_replayed_by_the_restarts(tmp_path, data_path):
         assert not by_event(records, "step", 2)
     stderr = next((out / "logs").glob("*/attempt_1/0/stderr.log")).read_text()
     assert "restart 1 would repeat it" in stderr and "Traceback" not in stderr
+
+
+def test_the_final_exit_code_is_the_trainers_and_the_agent_reads_it_without_torch():
+    """agent.py hard-coded 4 for ddplab.train.EXIT_CUT_OFF; both now read ddplab.exit_codes."""
+    from ddplab import train
+
+    assert set(agent.FINAL_EXIT_CODES) == {train.EXIT_CUT_OFF}
+    code = "import sys, ddplab.agent; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], env=subprocess_env(), check=False).returncode == 0

@@ -49,8 +49,8 @@ dropped while no group formed without it (its round goes on, or every agent miss
 at once and the emptied round was closed: the workers are still one group) only logs it: it
 re-joins at the next membership change.
 
-Final worker exits: a worker that exits with one of :data:`FINAL_EXIT_CODES` (ddplab.train's 4: a
-per_step replica cut off from its group, which waited for it already) is not restarted: the agent
+Final worker exits: a worker that exits with one of :data:`FINAL_EXIT_CODES` (``EXIT_CUT_OFF``:
+a per_step replica cut off from its group, which waited for it already) is not restarted: the agent
 stops at once with torchrun's error report, instead of spending ``--max-restarts`` on workers that
 would each end the same way (:func:`stop_restarts_on_final_exits`). torch's agent restarts on any
 failure up to ``--max-restarts`` and has no such rule.
@@ -70,6 +70,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from ddplab.exit_codes import EXIT_CUT_OFF
+
 BARRIER_PREFIX = "ddplab/start-barrier/"
 #: The training module whose workers the agent can fork (``-m ddplab.train``).
 WORKER_MODULE = "ddplab.train"
@@ -77,8 +79,8 @@ WORKER_MODULE = "ddplab.train"
 FORK_START_METHODS = ("fork",)
 #: torch's c10d rendezvous with the membership watch (:class:`MembershipWatchedHandler`).
 WATCHED_BACKEND = "ddplab-c10d"
-#: Worker exit codes a restart cannot mend (ddplab.train.EXIT_CUT_OFF): the agent ends instead.
-FINAL_EXIT_CODES = {4: "cut off from its per_step group (it waited for the group already)"}
+#: Worker exit codes a restart cannot mend (:mod:`ddplab.exit_codes`): the agent ends instead.
+FINAL_EXIT_CODES = {EXIT_CUT_OFF: "cut off from its per_step group (it waited for the group already)"}
 
 
 def _log(msg: str) -> None:

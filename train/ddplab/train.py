@@ -67,6 +67,7 @@ from ddplab.distributed import (
     wait,
 )
 from ddplab.divergence import EXIT_DIVERGED, Diverged, divergence_reason
+from ddplab.exit_codes import EXIT_CUT_OFF
 from ddplab.lr import (
     BatchPlan,
     BatchPolicyError,
@@ -82,8 +83,6 @@ from ddplab.records import read_jsonl
 
 CHECKPOINT_FORMAT = 1
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
-#: per_step: cut off from the group; ddplab.agent ends instead of restarting such a worker.
-EXIT_CUT_OFF = 4
 #: per_step: the last quorum the replica took part in with the group, kept beside the checkpoints
 #: (ddplab.ft.Replica.follow_quorum), so that a restarted worker can tell it was cut off.
 GROUP_QUORUM_FILE = "ft-group-quorum.json"
