@@ -102,8 +102,9 @@ def test_a_resume_ends_a_faults_window(tmp_path):
 
 
 def test_step_at_is_the_newest_completed_step_any_record_names(tmp_path):
-    """log_interval 10: the step records say 50, a checkpoint record says 55 was completed: the
-    fault's last_step_before and the report's "at step" are both 55 (one function)."""
+    """log_interval 10: the step records say 50, a checkpoint record says 55 was completed: step_at
+    the injection (faults and the report, one function) is 55. The fault's last_step_before is
+    step_at the restart, 56: the survivor's failure record after the injection names it."""
     run = Run(tmp_path)
     run.start(ABC, T0 - 1)
     for s in (10, 20, 30, 40, 50):
@@ -119,7 +120,24 @@ def test_step_at_is_the_newest_completed_step_any_record_names(tmp_path):
     assert data.step_at(folder, T0 + 56) == 55
     # a later record with a smaller step (a restart went back) is the newer truth
     assert faults.step_at(folder.records, T0 + 70) == 60
-    assert m.steps_lost == 0 and m.last_step_before == 56  # raised by the failure record
+    assert m.steps_lost == 0 and m.last_step_before == 56 == faults.step_at(folder.records, T0 + 60)
+
+
+def test_a_recovered_faults_last_step_reads_val_and_checkpoint_records_too(tmp_path):
+    """log_interval 10, no failure record (the survivors were restarted without one): the val record
+    says 55 was completed, the group resumed from the checkpoint of 50. Before, a recovered fault's
+    last_step_before read the step records alone: 50, and 0 steps lost."""
+    run = Run(tmp_path)
+    run.start(ABC, T0 - 1)
+    for s in (10, 20, 30, 40, 50):
+        run.steps(ABC, s, s, T0 + s)
+    run.rec("laptop-a", "val", T0 + 55.2, 0, 3, step=55)
+    run.fault("kill-agent", "laptop-c", T0 + 56, rank=2)
+    run.start(("laptop-a", "laptop-b"), T0 + 60, resumed_from_step=50, restart_count=1)
+    run.steps(("laptop-a", "laptop-b"), 60, 60, T0 + 70)
+    (m,) = run.measures()
+    assert m.outcome == "recovered"
+    assert (m.last_step_before, m.resumed_from_step, m.steps_lost) == (55, 50, 5)
 
 
 def bands_of(path: Path) -> list[data.Band]:

@@ -28,19 +28,20 @@ For an injection at time ``T`` (records up to the next injection count for it), 
     ``T`` to the first ``step`` record of a generation that started after ``T``: training going
     again, at ``world_size_after``. A restart that does not change the world size (kill-worker)
     counts, since the step was completed by the new group.
+``last_step_before``
+    the step the old group had completed when it stopped for the fault: :func:`step_at` the
+    ``start`` of the generation that recovered (``recovered``: the old group's steps in flight
+    after ``T`` and its ``failure`` records, which name the last step whose update finished, come
+    before it), else :func:`step_at` ``T``. :func:`step_at` reads the newest ``step``
+    (committed), ``val``, ``checkpoint``, ``failure`` or ``end`` record (with ``log_interval N``
+    the step records alone lag by up to N-1 steps); the report's "at step" of a fault is this
+    field.
 ``steps_lost``
-    ``last completed step before the restart - step the new generation resumed from``, never
-    below 0. The last completed step is the newest ``step`` record before the new generation's
-    ``start`` record, raised by the ``step`` field of any ``failure`` record written after it
-    (a failure names the last step whose update finished). ``resumed_from_step`` in a ``start``
-    record is the number of the last completed step the loaded state contains (0: from scratch),
-    so resuming from an emergency checkpoint of the last completed step loses 0 steps.
+    ``last_step_before - resumed_from_step``, never below 0. ``resumed_from_step`` in a
+    ``start`` record is the number of the last completed step the loaded state contains (0: from
+    scratch), so resuming from an emergency checkpoint of the last completed step loses 0 steps.
 ``world_size_before`` / ``world_size_after``
     of the newest step record before ``T`` / of the recovery step.
-``last_step_before``
-    :func:`step_at` ``T``: the step of the newest ``step`` (committed), ``val``, ``checkpoint``,
-    ``failure`` or ``end`` record at or before ``T`` (with ``log_interval N`` the step records
-    alone lag by up to N-1 steps); the report's "at step" is the same function.
 ``outcome``
     ``recovered`` (a new generation completed a step); ``continued`` (a fault with a duration, no
     worker restarted, and the group completed steps after the fault had ended: a short freeze or
@@ -67,8 +68,8 @@ so the same fields mean:
     ``T`` to the first committed step at a participant count other than the one before ``T``
     (``world_size_after``): N-1 after a crash, power-off, freeze or partition, N after a rejoin.
 ``steps_lost``
-    ``last committed step before T + 1 - the recovery step``, never below 0 (0 when the survivors
-    go on with the next step).
+    ``last_step_before + 1 - the recovery step``, never below 0 (0 when the survivors go on with
+    the next step); ``last_step_before`` is :func:`step_at` ``T`` (no group restarted).
 ``restarts``
     worker processes started after ``T`` (the rejoining one, a local restart; never a survivor).
 
@@ -230,7 +231,7 @@ def step_at(records: Iterable[Record], t: float) -> int | None:
     ``end`` records (the largest among records of that same time); None when none is that old.
 
     The newest, not the largest: after a restart the group resumes from an older step and redoes
-    the steps after it. Used for a fault's ``last_step_before`` and the report's "at step".
+    the steps after it. A fault's ``last_step_before`` (module docstring) and the report's "at step".
     """
     best: tuple[float, int] | None = None
     for r in records:
@@ -323,18 +324,10 @@ def measure(inj: Injection, records: Sequence[Record], until: float | None = Non
         m.outcome = "recovered"
         m.recovered_s = t_rec - t0
         m.world_size_after = as_int(step_rec.get("world_size"))
-        # last completed step before this generation started
-        boundary = gen.start_time
-        prior_steps = [r for r in _steps(recs) if r["time"] < boundary]
-        newest = max(prior_steps, key=lambda r: r["time"], default=None)
-        last_done = as_int(newest.get("step")) if newest else None
-        t_newest = newest["time"] if newest else -math.inf
-        for r in recs:
-            if r.get("event") == "failure" and t_newest <= r["time"] < boundary:
-                s = as_int(r.get("step"))
-                if s is not None and (last_done is None or s > last_done):
-                    last_done = s
-        m.last_step_before = last_done
+        # the old group stopped when this generation started: its steps in flight after T and its
+        # failure records (the last step whose update finished) come before that
+        m.last_step_before = last_done = step_at([r for r in recs if r["time"] < gen.start_time],
+                                                 gen.start_time)
         resumed = as_int(gen.start.get("resumed_from_step")) if gen.start else None
         m.resumed_from_step = resumed
         if last_done is not None and resumed is not None:
