@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from labharness import REPO, render_agent_launch
+from labharness import REPO, ansible_env, render_agent_launch, run_playbooks
 
 fault_filters = importlib.util.module_from_spec(
     importlib.util.spec_from_file_location("fault_filters", REPO / "roles/fault/filter_plugins/fault.py"))
@@ -67,8 +67,9 @@ def test_per_step_launch_is_one_replica_group_per_laptop(tmp_path: Path):
     ft = ["TORCHFT_LIGHTHOUSE=http://192.168.50.10:29510", "RUST_LOG=warn"]
     assert setenv(argv) == ADDRESS_ENV + RUN_ENV + ft
     assert node_opts == ["--local-addr", "--rdzv-endpoint", "--rdzv-id"]
-    # this launch: the run id and the UTC time (a rejoin keeps run.json, a resume writes a new one)
-    assert re.fullmatch(r"r1-\d{8}T\d{12}", config.pop("ft_launch_id")), config
+    # this launch: its one name, the start barrier's token (a rejoin keeps run.json, a resume
+    # writes a new one)
+    assert config.pop("ft_launch_id") == "tok", config
     assert {k: v for k, v in config.items() if k == "fault_tolerance" or k.startswith("ft_")} == {
         "fault_tolerance": "per_step",
         "ft_lighthouse": "http://192.168.50.10:29510",
@@ -166,3 +167,40 @@ def test_torchft_pinned_alike_on_controller_and_nodes():
     assert f"torchft=={defaults['python_env_torchft_version']}" in controller
     torch_pin = next(ln for ln in controller if ln.startswith("torch=="))
     assert torch_pin == f"torch=={defaults['python_env_torch_version']}"
+
+
+def test_every_hosts_run_json_names_the_same_launch(tmp_path: Path):
+    """ft_launch_id was now() in a role var, templated per host: each laptop's run.json named
+    another launch (a rejoin then missed the group quorum id of its own launch), next to the start
+    barrier's own token. It is now that one token, named once (run_once) before run.json is written."""
+    main = yaml.safe_load((REPO / "roles/ddp_job/tasks/main.yml").read_text())
+    order = [t.get("ansible.builtin.import_tasks") for t in main]
+    assert order.index("launch_token.yml") < order.index("ship.yml") < order.index("launch.yml"), order
+    local = {"ansible_connection": "local"}
+    hosts = {f"t-{c}": {**local, "wired_network_address": f"192.168.50.1{i}"} for i, c in enumerate("abc")}
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"children": {
+        "trainers": {"hosts": hosts},
+        "rendezvous": {"hosts": {"controller": {**local, "rendezvous_address": "192.168.50.10"}}}}}}))
+    play = tmp_path / "render.yml"
+    play.write_text(yaml.safe_dump([{
+        "name": "Render each host's run.json", "hosts": "trainers", "gather_facts": False,
+        "vars_files": [str(REPO / f"roles/{f}/main.yml") for f in ("ddp_lab/defaults", "ddp_job/defaults",
+                                                                   "ddp_job/vars")],
+        "vars": {"ddp_lab_run_id": "r1", "wired_network_ifname": "enp3s0", "__ddp_job_node": {"cores": 4}},
+        "tasks": [
+            {"name": "As main.yml",
+             "ansible.builtin.import_tasks": str(REPO / "roles/ddp_job/tasks/launch_token.yml")},
+            {"name": "Print it", "ansible.builtin.debug": {
+                "msg": "RUNJSON {{ inventory_hostname }} {{ __ddp_job_config.ft_launch_id }} "
+                       "{{ __ddp_job_launch_token }} END"}},
+        ],
+    }]))
+    rc, out = run_playbooks(ansible_env(), str(inventory), [str(play)], "-e", "ddp_job_fault_tolerance=per_step",
+                            timeout=120)
+    assert rc == 0, out[-3000:]
+    found = dict((h, (i, t)) for h, i, t in re.findall(r"RUNJSON (t-\w) (\S+) (\S+) END", out))
+    assert sorted(found) == ["t-a", "t-b", "t-c"], out[-3000:]
+    assert len(set(found.values())) == 1, found
+    ((launch, token),) = set(found.values())
+    assert launch == token and re.fullmatch(r"r1-\d{8}T\d{12}", launch), found
