@@ -196,8 +196,8 @@ def test_every_hosts_run_json_names_the_same_launch(tmp_path: Path):
                        "{{ __ddp_job_launch_token }} END"}},
         ],
     }]))
-    rc, out = run_playbooks(ansible_env(), str(inventory), [str(play)], "-e", "ddp_job_fault_tolerance=per_step",
-                            timeout=120)
+    rc, out = run_playbooks(ansible_env(), str(inventory), [str(play)],
+                            "-e", "ddp_job_fault_tolerance=per_step", timeout=120)
     assert rc == 0, out[-3000:]
     found = dict((h, (i, t)) for h, i, t in re.findall(r"RUNJSON (t-\w) (\S+) (\S+) END", out))
     assert sorted(found) == ["t-a", "t-b", "t-c"], out[-3000:]
