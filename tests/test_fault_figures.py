@@ -8,6 +8,7 @@ to 1100 steps) and ``per_step_cut_off_9e9b`` (per_step: a 200 s partition of lap
 
 from __future__ import annotations
 
+import html
 import json
 import shutil
 from pathlib import Path
@@ -194,6 +195,10 @@ def test_report_lists_the_bands_with_their_cause(tmp_path):
     path, _ = report.build_report(run_dir)
     page = path.read_text()
     assert "Time without training" in page
+    # the rule as no_training_bands applies it (the page said 'later than one step time' for faults)
+    rule = data.band_rule()
+    assert rule in html.unescape(page) and "by more than 20 median step times and 2 s" in rule
+    assert "by more than one median step time and 2 s" in rule
     for label in ("kill-agent laptop-a", "poweroff laptop-b", "checkpoint save + eval",
                   "stopped, then resumed"):
         assert label in page

@@ -296,6 +296,13 @@ def _band_cause(run: RunFolder, a: float, b: float, fl: Sequence[Fault]) -> tupl
     return "unknown", "unknown"
 
 
+def band_rule(k: float = BAND_K, min_s: float = BAND_MIN_S) -> str:
+    """:func:`no_training_bands`' rule in words, for the report's page (one sentence, no period)."""
+    return (f"the next committed step came later than the run's median step time predicts by more than "
+            f"{k:g} median step times and {min_s:g} s, or, while a fault was being recovered from, by more "
+            f"than one median step time and {min_s:g} s")
+
+
 def no_training_bands(run: RunFolder, k: float = BAND_K, min_s: float = BAND_MIN_S) -> list[Band]:
     """The stretches of the run without training, with what caused each.
 

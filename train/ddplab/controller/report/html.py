@@ -11,10 +11,9 @@ import jinja2
 
 from ddplab.controller import straggler
 from ddplab.controller.report.data import (
-    BAND_K,
-    BAND_MIN_S,
     Fault,
     Restart,
+    band_rule,
     distinct_samples,
     engine,
     fault_step,
@@ -183,5 +182,5 @@ def render_page(run: RunFolder, findings: list[straggler.StragglerFinding], plot
         margin_pct=f"{margin:.0%}", window=window, clock_pct=f"{clock_drop:.0%}",
         per_ws=per_ws, cpu_has=cpu_has, events=events, made=time.strftime("%Y-%m-%d %H:%M:%S"),
         engine=engine(run), bands=bands,
-        band_rule=f"{BAND_K:.0f} median step times and {BAND_MIN_S:.0f} s",
+        band_rule=band_rule(),
     )
