@@ -299,3 +299,27 @@ def test_a_refusal_is_one_line_without_ansibles_origin_block(tmp_path):
     at = next(i for i, line in enumerate(lines) if line.startswith(refusal))
     assert lines[at + 1].startswith("fatal: [laptop-"), text
     assert "Origin:" not in text and "assertion" not in text, text
+
+
+def test_collect_and_the_table_ask_run_state_of_whether_the_run_runs():
+    """'Does run R run on this node' had three rules (run_state_of, collect's Jinja, the table's
+    any(...)): collect's refusal (ddp_job_running_hosts) and the table's where-lines now ask
+    run_state_of, the one home."""
+    running = {"state": "running", "unit_holds_run": True, "run_state": "running"}
+    other = {"state": "running", "unit_holds_run": False, "run_state": "succeeded", "current_run": NEW}
+    gone = {"state": "absent", "unit_holds_run": None, "run_state": "failed"}
+    hostvars = {"a": {"ddp_job_status": running}, "b": {"ddp_job_status": other}, "c": {"ddp_job_status": gone},
+                "d": {"ddp_job_status": {"skipped": True}}, "e": {}}
+    hosts = ["a", "b", "c", "d", "e", "f"]
+    assert filters.running_hosts(hosts, hostvars) == ["a"]
+    assert filters.running_hosts(hosts, hostvars) == [
+        h for h in hosts if filters.run_state_of(hostvars.get(h, {}).get("ddp_job_status"), h) == "running"]
+    assert filters.FilterModule().filters()["ddp_job_running_hosts"] is filters.running_hosts
+    collect = (Path(__file__).parents[1] / "roles/collect/tasks/main.yml").read_text()
+    assert "ddp_job_running_hosts(hostvars)" in collect and "selectattr('1.state'" not in collect
+    # the table: a lighthouse another run's unit recorded is not "running while the folder has none"
+    lighthouse = {"running": False, "port": 29510}
+    ended = {**other, "endpoints": {"lighthouse": "http://10.89.0.1:29510"}}
+    assert table.where_lines({"b": ended}, {}, lighthouse, "/c", "R")[1:] == []
+    live = {**running, "endpoints": {"lighthouse": "http://10.89.0.1:29510"}}
+    assert "runs, but /c has no running one" in table.where_lines({"a": live}, {}, lighthouse, "/c", "R")[1]

@@ -213,8 +213,7 @@ def where_lines(nodes: Mapping[str, Any], store: Mapping[str, Any], lighthouse: 
     line) or that the folder says is not running while the run runs: it was started with other
     settings or from another checkout, whose folder holds its state."""
     lines = [f"store and lighthouse state read in {state_dir or '?'} on this controller"]
-    running = any((r or {}).get("state") == "running" and (r or {}).get("unit_holds_run") is not False
-                  for r in nodes.values())
+    running = any(FILTERS.run_state_of(r, h) == "running" for h, r in nodes.items())
     for key, label, doc, var in (("store", "store", store, "rendezvous_port"),
                                  ("lighthouse", "lighthouse", lighthouse, "rendezvous_lighthouse_port")):
         seen = {str(e): h for h, r in nodes.items() if (e := ((r or {}).get("endpoints") or {}).get(key))}

@@ -104,6 +104,19 @@ def run_state_of(res: Mapping[str, Any] | None, host: str, stop: Mapping[str, An
     return state
 
 
+def running_hosts(hosts: Any, hostvars: Mapping[str, Any] | None = None) -> list[str]:
+    """The hosts among ``hosts`` (names, in order) where the run looked at still runs:
+    :func:`run_state_of` of each host's ``ddp_job_status`` (read from ``hostvars``, e.g. Ansible's
+    ``hostvars``; a host without one is ``absent``) is ``running``. For collect's refusal."""
+    hostvars = hostvars if hostvars is not None else {}
+    out = []
+    for host in hosts or ():
+        vars_ = hostvars.get(host, {})
+        if run_state_of(vars_.get("ddp_job_status") if isinstance(vars_, Mapping) else None, host) == "running":
+            out.append(str(host))
+    return out
+
+
 def unit_tells_run(res: Mapping[str, Any] | None) -> bool:
     """Whether a node's agent unit speaks of the run looked at (it holds the run, or may: not
     known), so that following it (the watch) follows this run: not when the unit is another run's,
@@ -151,4 +164,5 @@ class FilterModule:
             "ddp_job_logs_input_problems": logs_input_problems,
             "ddp_job_stop_event": stop_event,
             "ddp_job_attach_plan": attach_plan,
+            "ddp_job_running_hosts": running_hosts,
         }
