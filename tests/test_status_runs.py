@@ -308,7 +308,8 @@ def test_collect_and_the_table_ask_run_state_of_whether_the_run_runs():
     running = {"state": "running", "unit_holds_run": True, "run_state": "running"}
     other = {"state": "running", "unit_holds_run": False, "run_state": "succeeded", "current_run": NEW}
     gone = {"state": "absent", "unit_holds_run": None, "run_state": "failed"}
-    hostvars = {"a": {"ddp_job_status": running}, "b": {"ddp_job_status": other}, "c": {"ddp_job_status": gone},
+    hostvars = {"a": {"ddp_job_status": running}, "b": {"ddp_job_status": other},
+                "c": {"ddp_job_status": gone},
                 "d": {"ddp_job_status": {"skipped": True}}, "e": {}}
     hosts = ["a", "b", "c", "d", "e", "f"]
     assert filters.running_hosts(hosts, hostvars) == ["a"]

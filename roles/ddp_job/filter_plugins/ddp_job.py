@@ -112,7 +112,8 @@ def running_hosts(hosts: Any, hostvars: Mapping[str, Any] | None = None) -> list
     out = []
     for host in hosts or ():
         vars_ = hostvars.get(host, {})
-        if run_state_of(vars_.get("ddp_job_status") if isinstance(vars_, Mapping) else None, host) == "running":
+        res = vars_.get("ddp_job_status") if isinstance(vars_, Mapping) else None
+        if run_state_of(res, host) == "running":
             out.append(str(host))
     return out
 
