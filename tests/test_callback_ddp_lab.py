@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,13 @@ REFUSALS = {
     # AnsibleActionFail: the plugin's own message in the result
     "plugin refusal": "validate_check: {checks: [{check: no_such_check}]}",
     "plugin refusal looped": "validate_check: {checks: [{check: '{{ item }}'}]}, loop: [no_such_check]",
+    # ddp_lab's wait on a background job that outlives its timeout (the job: SETUP's sleep)
+    "plugin timeout": ("ddp_lab_await: {jid: '{{ bg.ansible_job_id }}', what: a sleep, interval_s: 0.2, "
+                       "timeout_s: 0.5}"),
 }
+# tasks the cases need first (not asserted on)
+SETUP = ("    - {name: setup sleep, ansible.builtin.command: sleep 5, async: 30, poll: 0, register: bg, "
+         "changed_when: false}\n")
 BROKEN = {
     "assert broken conditional": "ansible.builtin.assert: {that: [no_such_var.attr > 1], fail_msg: x}",
     "fail broken template": "ansible.builtin.fail: {msg: '{{ no_such_var.attr }}'}",
@@ -49,13 +56,15 @@ def shown(tmp_path_factory) -> tuple[Path, dict[str, int], dict[str, str]]:
     if PLAYBOOK is None:
         pytest.skip("ansible-playbook is not installed (make venv)")
     play = tmp_path_factory.mktemp("callback") / "cases.yml"
-    lines, at = [HEAD], {}
+    lines, at = [HEAD, SETUP], {}
     for name, task in {**REFUSALS, **BROKEN}.items():
         at[name] = len("".join(lines).splitlines()) + 1
         lines.append(f"    - {{name: {name}, ignore_errors: true, {task}}}\n")
     play.write_text("".join(lines))
-    env = {**ansible_env(), "ANSIBLE_ACTION_PLUGINS": str(REPO / "roles" / "validate" / "action_plugins")}
-    out = subprocess.run([PLAYBOOK, "-i", "localhost,", "-c", "local", str(play)], env=env, cwd=REPO,
+    env = {**ansible_env(), "ANSIBLE_ACTION_PLUGINS": ":".join(
+        str(REPO / "roles" / role / "action_plugins") for role in ("validate", "ddp_lab"))}
+    out = subprocess.run([PLAYBOOK, "-i", "localhost,", "-c", "local", "-e",
+                          f"ansible_python_interpreter={sys.executable}", str(play)], env=env, cwd=REPO,
                          capture_output=True, text=True, timeout=300, check=False)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text  # every failure ignored

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 import filelock
-from ansible.errors import AnsibleConnectionFailure, AnsibleError
+from ansible.errors import AnsibleActionFail, AnsibleConnectionFailure, AnsibleError
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
@@ -202,15 +202,15 @@ class ActionModule(ActionBase):
         # containers at load ~9: 1.8 s vs 5.3 s for `ansible -m raw|command` on 3 nodes.
         res = self._low_level_execute_command(shlex.join(argv), sudoable=True)
         if res.get("rc") == 127:  # the shell's "not found"
-            raise AnsibleError("progress command failed: the venv's python is not there (exit 127; "
-                               "not provisioned? site.yml)")
+            raise AnsibleActionFail("progress command failed: the venv's python is not there (exit 127; "
+                                    "not provisioned? site.yml)")
         if res.get("rc", 1) != 0:
             err = (res.get("stderr") or res.get("stdout") or "").strip().splitlines()
-            raise AnsibleError(f"progress command failed: {err[-1] if err else res.get('rc')}")
+            raise AnsibleActionFail(f"progress command failed: {err[-1] if err else res.get('rc')}")
         try:
             return json.loads(res["stdout"].strip().splitlines()[-1])
         except (ValueError, IndexError) as exc:
-            raise AnsibleError(f"progress command printed no JSON: {first_line(exc)}") from exc
+            raise AnsibleActionFail(f"progress command printed no JSON: {first_line(exc)}") from exc
 
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}

@@ -18,7 +18,7 @@ from __future__ import annotations
 import fnmatch
 import time
 
-from ansible.errors import AnsibleError
+from ansible.errors import AnsibleActionFail, AnsibleError
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
@@ -91,8 +91,8 @@ class ActionModule(ActionBase):
                 break
             elapsed = time.monotonic() - start
             if elapsed >= args["timeout_s"]:
-                raise AnsibleError(f"{host}: {args['what']} still running after {elapsed:.0f} s "
-                                   f"(async job {args['jid']}); raise the timeout or look at the node")
+                raise AnsibleActionFail(f"{host}: {args['what']} still running after {elapsed:.0f} s "
+                                        f"(async job {args['jid']}); raise the timeout or look at the node")
             if polls > 1:  # the first poll is at once: a job done by then prints nothing
                 done = None
                 if args["probe_path"] and args["probe_patterns"]:

@@ -25,7 +25,7 @@ import json
 import os
 import time
 
-from ansible.errors import AnsibleError
+from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible.template import trust_as_template
 
@@ -76,15 +76,17 @@ class ActionModule(ActionBase):
     _requires_connection = True
 
     def _read(self, argv: list[str], task_vars: dict) -> dict:
-        """One ``ddplab.status --json`` document from the node; AnsibleError with its last error line."""
+        """One ``ddplab.status --json`` document from the node; AnsibleActionFail (one line) with its
+        last error line."""
         res = self._execute_module("ansible.builtin.command", {"argv": argv}, task_vars=task_vars)
         if res.get("skipped"):  # command does not run in check mode: the task must say check_mode: false
-            raise AnsibleError(
+            raise AnsibleActionFail(
                 f"{' '.join(argv[:3])} was not run (check mode); the reading task needs check_mode: false"
             )
         if res.get("unreachable") or res.get("failed") or res.get("rc") != 0:
             lines = (res.get("stderr") or res.get("msg") or "").strip().splitlines()
-            raise AnsibleError(f"{' '.join(argv[:3])} failed on the node: {(lines or [res.get('rc')])[-1]}")
+            last = (lines or [res.get("rc")])[-1]
+            raise AnsibleActionFail(f"{' '.join(argv[:3])} failed on the node: {last}")
         return json.loads(res["stdout"].strip().splitlines()[-1])
 
     def run(self, tmp=None, task_vars=None):
