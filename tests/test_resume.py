@@ -265,6 +265,10 @@ def _render_play(tmp_path: Path) -> str:
                         },
                         {"name": "Name the run", "ansible.builtin.set_fact": {"ddp_lab_run_id": RUN}},
                         {
+                            "name": "Name the launch as ddp_job does (run.json's ft_launch_id)",
+                            "ansible.builtin.include_tasks": f"{REPO}/roles/ddp_job/tasks/launch_token.yml",
+                        },
+                        {
                             "name": "Show it",
                             "ansible.builtin.debug": {
                                 "msg": "RUNJSON {{ {'host': inventory_hostname, "
