@@ -65,9 +65,12 @@ def test_no_survivor_restarted(faults, run):
     assert starts == {h: 2 if h == off else 1 for h in starts} and len(starts) == NODES, starts
 
 
-def test_every_committed_step_has_distinct_samples(run):
+def test_every_committed_step_has_distinct_samples(run, faults):
     """The sample ranges of the committed steps ([first, stop) of each replica) never overlap and
-    leave no gap: no sample seen twice or skipped when the participants changed."""
+    leave no gap: no sample seen twice or skipped when the participants changed. A gap is allowed
+    only beside a committed step that lacks a participant's record, at most one such step per
+    fault (a replica powered off between its all-reduce and its record, or frozen in its vote
+    while its peers committed: tests/test_per_step_e2e.py assert_samples_distinct, the same rule)."""
     # A step's quorum either updated the model or not. On the step of a fault one replica's vote may
     # fail after the all-reduce that others completed (ddplab.ft, CONTRACTS.md): a completed gloo
     # all-reduce holds every participant's gradient, so the samples of every participant of a
@@ -76,15 +79,22 @@ def test_every_committed_step_has_distinct_samples(run):
     for r in run.records:
         if r["event"] == "step" and r.get("samples"):
             attempts.setdefault((r["step"], r.get("quorum_id")), {})[r["host"]] = r
-    committed = {}
+    committed, incomplete = {}, set()
     for (step, _quorum), per in attempts.items():
         if any(r.get("committed") is True for r in per.values()):
             committed.setdefault(step, {}).update({h: tuple(r["samples"]) for h, r in per.items()})
+            if len(per) < max(r.get("participants") or 0 for r in per.values()):
+                incomplete.add(step)
     assert len(committed) > 20, len(committed)
     ranges = sorted((a, b, step, host) for step, per in committed.items() for host, (a, b) in per.items())
+    gaps = []
     for (a0, b0, s0, h0), (a1, b1, s1, h1) in zip(ranges, ranges[1:], strict=False):
         assert b0 <= a1, f"step {s0} on {h0} [{a0},{b0}) overlaps step {s1} on {h1} [{a1},{b1})"
-        assert b0 == a1, f"samples [{b0},{a1}) skipped between step {s0} on {h0} and step {s1} on {h1}"
+        if b0 != a1:
+            where = f"samples [{b0},{a1}) skipped between step {s0} on {h0} and step {s1} on {h1}"
+            assert {s0, s1} & incomplete, f"{where}, both steps with every participant's record"
+            gaps.append(where)
+    assert len(gaps) <= len(faults), f"{len(gaps)} gaps for {len(faults)} faults: {gaps}"
 
 
 def test_artefacts_from_every_node(run):
