@@ -102,16 +102,23 @@ def test_a_resume_ends_a_faults_window(tmp_path):
     assert m.outcome == "not_recovered" and m.recovered_s is None and m.restarts == 0
 
 
-def test_step_at_is_the_newest_completed_step_any_record_names(tmp_path):
-    """log_interval 10: the step records say 50, a checkpoint record says 55 was completed: step_at
-    the injection (faults and the report, one function) is 55. The fault's last_step_before is
-    step_at the restart, 56: the survivor's failure record after the injection names it."""
+def _logged_to_50_then_kill(tmp_path, event: str) -> Run:
+    """log_interval 10: step records at 10..50, one ``event`` record (val or checkpoint) saying 55
+    was completed, then laptop-c's agent killed at T0 + 56."""
     run = Run(tmp_path)
     run.start(ABC, T0 - 1)
     for s in (10, 20, 30, 40, 50):
         run.steps(ABC, s, s, T0 + s)
-    run.rec("laptop-a", "checkpoint", T0 + 55.2, 0, 3, step=55)
+    run.rec("laptop-a", event, T0 + 55.2, 0, 3, step=55)
     run.fault("kill-agent", "laptop-c", T0 + 56, rank=2)
+    return run
+
+
+def test_step_at_is_the_newest_completed_step_any_record_names(tmp_path):
+    """log_interval 10: the step records say 50, a checkpoint record says 55 was completed: step_at
+    the injection (faults and the report, one function) is 55. The fault's last_step_before is
+    step_at the restart, 56: the survivor's failure record after the injection names it."""
+    run = _logged_to_50_then_kill(tmp_path, "checkpoint")
     run.failure("laptop-a", T0 + 56.2, 0, 3, step=56)
     run.start(("laptop-a", "laptop-b"), T0 + 60, resumed_from_step=56, restart_count=1)
     run.steps(("laptop-a", "laptop-b"), 60, 60, T0 + 64)
@@ -128,12 +135,7 @@ def test_a_recovered_faults_last_step_reads_val_and_checkpoint_records_too(tmp_p
     """log_interval 10, no failure record (the survivors were restarted without one): the val record
     says 55 was completed, the group resumed from the checkpoint of 50. Before, a recovered fault's
     last_step_before read the step records alone: 50, and 0 steps lost."""
-    run = Run(tmp_path)
-    run.start(ABC, T0 - 1)
-    for s in (10, 20, 30, 40, 50):
-        run.steps(ABC, s, s, T0 + s)
-    run.rec("laptop-a", "val", T0 + 55.2, 0, 3, step=55)
-    run.fault("kill-agent", "laptop-c", T0 + 56, rank=2)
+    run = _logged_to_50_then_kill(tmp_path, "val")
     run.start(("laptop-a", "laptop-b"), T0 + 60, resumed_from_step=50, restart_count=1)
     run.steps(("laptop-a", "laptop-b"), 60, 60, T0 + 70)
     (m,) = run.measures()
