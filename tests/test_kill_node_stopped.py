@@ -49,10 +49,30 @@ def test_a_node_stop_yml_stopped_is_called_stopped(tmp_path, closed_port, monkey
     assert "failed" not in out.split("no job of run r1", 1)[1].split(")", 1)[0], out
 
 
-def test_a_node_not_stopped_is_named_by_its_unit(tmp_path, closed_port, monkeypatch):  # noqa: F811
+# systemctl show <unit> -p ...: the agent unit as $FAKE_UNIT_STATE says (ActiveState SubState)
+FAKE_SYSTEMCTL = """#!/bin/sh
+set -- $FAKE_UNIT_STATE
+printf 'LoadState=loaded\\nActiveState=%s\\nSubState=%s\\n' "$1" "$2"
+printf 'Result=%s\\nExecMainStatus=%s\\nMainPID=0\\n' "$3" "$4"
+"""
+
+
+@pytest.mark.parametrize("unit, said", [
+    ("failed failed exit-code 1", "failed"),  # a worker's error ended the agent
+    ("inactive dead success 0", "inactive dead"),  # stop.yml cleared an ended job (no stop event)
+])
+def test_a_node_not_stopped_is_named_by_its_unit(tmp_path, closed_port, monkeypatch, unit, said):  # noqa: F811
+    """Without a stop event, the target is named by its agent unit's state and sub-state as the
+    node's systemd gives them (a fake systemctl here), not "stopped by stop.yml"."""
+    fakebin = tmp_path / "fakebin"
+    fakebin.mkdir()
+    (fakebin / "systemctl").write_text(FAKE_SYSTEMCTL)
+    (fakebin / "systemctl").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fakebin}:{os.environ.get('PATH', '')}")
+    monkeypatch.setenv("FAKE_UNIT_STATE", unit)
     _run_dir, run = kill_agent_of_b(tmp_path, closed_port, monkeypatch)
     r = run()
     out = " ".join((r.stdout + r.stderr).split())
     assert r.returncode != 0, out
-    assert "laptop-b: no job of run r1 is running there (its agent: " in out, out
+    assert f"laptop-b: no job of run r1 is running there (its agent: {said}); fix: start the job" in out, out
     assert "stopped by stop.yml" not in out, out
