@@ -62,7 +62,7 @@ Under the ``per_step`` engine (torchft: step records carry ``engine: per_step``,
 so the same fields mean:
 
 ``detected_s``
-    ``T`` to the first uncommitted step (``committed: false``: the vote failed), a committed step
+    ``T`` to the first uncommitted attempt (an ``uncommitted`` record: the vote failed), a committed step
     at another participant count, or a ``failure``/``start`` record.
 ``recovered_s``
     ``T`` to the first committed step at a participant count other than the one before ``T``
@@ -91,6 +91,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ddplab.metrics import UNCOMMITTED_EVENT
 from ddplab.records import Record, as_int, num
 
 WorkerKey = tuple[str, int]  # (host, local_rank)
@@ -293,8 +294,8 @@ def measure(inj: Injection, records: Sequence[Record], until: float | None = Non
         key = (r.get("host"), as_int(r.get("local_rank")) or 0)
         rc = as_int(r.get("restart_count"))
         ev = r.get("event")
-        quorum_changed = per_step and ev == "step" and (
-            r.get("committed") is False or as_int(r.get("world_size")) != m.world_size_before)
+        quorum_changed = per_step and (ev == UNCOMMITTED_EVENT or ev == "step" and (
+            r.get("committed") is False or as_int(r.get("world_size")) != m.world_size_before))
         if (ev in ("failure", "start") or quorum_changed
                 or (rc is not None and key in rc_before and rc > rc_before[key])):
             m.detected_s = r["time"] - t0

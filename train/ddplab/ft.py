@@ -385,6 +385,15 @@ class Replica:
         """A collective of this step failed: the step will not commit."""
         return self.manager.errored() is not None
 
+    def error_text(self) -> str | None:
+        """Why this step will not commit, on one line (``Type: message``, torchft's traceback
+        left out), or None when no error was reported in it."""
+        err = self.manager.errored()
+        if err is None:
+            return None
+        exc = getattr(err, "original_exception", err)
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
+
     def abstain(self, why: str) -> None:
         """Vote against this step (every participant does: nothing is applied, the step is
         attempted again with the next quorum). ``why`` names the reason in torchft's error."""

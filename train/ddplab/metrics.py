@@ -16,7 +16,9 @@ from typing import Any
 
 from ddplab.outputs import OutputError
 
-EVENTS = ("start", "step", "val", "checkpoint", "failure", "end")
+#: per_step: an attempt whose vote failed (``attempted_step``, ``committed: false``), never a step
+UNCOMMITTED_EVENT = "uncommitted"
+EVENTS = ("start", "step", UNCOMMITTED_EVENT, "val", "checkpoint", "failure", "end")
 
 
 def _clean(value: Any) -> Any:

@@ -76,7 +76,7 @@ from ddplab.lr import (
     plan_batch,
     ramp_lr_scale,
 )
-from ddplab.metrics import MetricsWriter
+from ddplab.metrics import UNCOMMITTED_EVENT, MetricsWriter
 from ddplab.model import GPT, GPTConfig
 from ddplab.outputs import OutputError, check_writable_dir, fsync_dir
 from ddplab.records import read_jsonl
@@ -712,8 +712,9 @@ class Trainer:
            (one sum over participants; :meth:`ready_to_start`).
         4. Vote: the update is applied only when every participant commits; otherwise nothing
            changes (not the weights, step, data position nor LR history) and the caller retries.
-        Every commit of a new participant count, every uncommitted attempt and every
-        ``log_interval``-th step gets a ``step`` record (participants, quorum_id, committed).
+        Every commit of a new participant count and every ``log_interval``-th step gets a
+        ``step`` record (participants, quorum_id, committed: true); an attempt that did not
+        commit gets an ``uncommitted`` record instead (:meth:`record_uncommitted`).
         """
         cfg, replica = self.cfg, self.replica
         t0 = time.perf_counter()
@@ -806,17 +807,39 @@ class Trainer:
                     self.announced_cut_off = False
             self.consistent = True
             step_s = time.perf_counter() - t0 - eval_s  # the evaluation has its own record
-            step = self.step if committed else self.step + 1
-            start = self.start_barrier_fields() if first_commit else {}
-            if (not committed or participants != previous or step % cfg.log_interval == 0
-                    or step == cfg.max_steps or first_commit):
-                self.metrics.set_common(rank=rank, world_size=participants)
-                first = int(indices[0]) if len(indices) else self.samples_seen
+            self.metrics.set_common(rank=rank, world_size=participants)
+            first = int(indices[0]) if len(indices) else self.samples_seen
+            samples = [first, first + len(indices)]
+            if not committed:  # no step: an attempt record, never a step record
+                self.record_uncommitted(participants, step_s, samples)
+            elif (participants != previous or self.step % cfg.log_interval == 0
+                    or self.step == cfg.max_steps or first_commit):
+                start = self.start_barrier_fields() if first_commit else {}
                 self.log_step(mean_loss, loss_sum / max(1, len(indices)), lr, lr_scale, step_s,
-                              allreduce_s, step=step, participants=participants,
-                              quorum_id=replica.quorum_id, committed=committed, engine="per_step",
-                              samples=[first, first + len(indices)], **start)
+                              allreduce_s, participants=participants,
+                              quorum_id=replica.quorum_id, committed=True, engine="per_step",
+                              samples=samples, **start)
         return committed
+
+    def record_uncommitted(self, participants: int, attempt_s: float, samples: list[int]) -> None:
+        """per_step: the attempt at step ``self.step + 1`` did not commit (torchft's
+        ``should_commit`` returned False: this replica group's vote failed, so its optimizer did
+        not step; torchft.Manager.should_commit). Nothing changed; the step is attempted again with
+        the next quorum. Written as an ``uncommitted`` record (``attempted_step``, ``committed:
+        false``, ``participants``, ``quorum_id``, ``error`` = why the vote failed, ``attempt_s`` in
+        seconds, ``samples`` = the [first, stop) indices that were not trained), never as a
+        ``step`` record: a step record describes a committed step only, so a replica's step
+        records have unique, increasing step numbers and the progress readers never show a step
+        that is taken back (issue 14: laptop-c read 120/500 while running, 119/500 after)."""
+        replica, attempted = self.replica, self.step + 1
+        error = replica.error_text()
+        self.metrics.write(UNCOMMITTED_EVENT, attempted_step=attempted, committed=False,
+                           participants=participants, quorum_id=replica.quorum_id, error=error,
+                           attempt_s=round(attempt_s, 6), samples=samples, engine="per_step")
+        if self.env.rank == 0:
+            print(f"[ddplab] step {attempted} not committed (quorum {replica.quorum_id}, "
+                  f"{participants} participant(s){'; ' + error if error else ''}): attempted "
+                  "again with the next quorum", flush=True)
 
     def lr_segments(self, lr_scale: float) -> list[tuple[int, float]]:
         """per_step: the LR-scale segments of the committed history, plus the next step's when
@@ -941,15 +964,14 @@ class Trainer:
         return self.check_divergence(mean_loss, any_bad, grad_norm)
 
     def log_step(self, mean_loss: float, local_loss: float, lr: float, lr_scale: float,
-                 step_s: float, allreduce_s: float, step: int | None = None, **extra: Any) -> None:
-        """The ``step`` record (and console line) of ``step`` (default: the last completed);
+                 step_s: float, allreduce_s: float, **extra: Any) -> None:
+        """The ``step`` record (and console line) of the last completed (committed) step;
         ``extra`` are more fields (per_step: participants, quorum_id, committed, engine)."""
         cfg, env, plan = self.cfg, self.env, self.plan
         tokens_per_s = plan.global_batch_size * cfg.block_size / step_s
-        if extra.get("committed", True):
-            self.last_train_loss = mean_loss
+        self.last_train_loss = mean_loss
         self.metrics.write(
-            "step", step=self.step if step is None else step, loss=round(mean_loss, 6),
+            "step", step=self.step, loss=round(mean_loss, 6),
             local_loss=round(local_loss, 6),
             lr=lr, lr_scale=round(lr_scale, 9), global_batch_size=plan.global_batch_size,
             per_rank_batch_size=plan.per_rank_batch_size, grad_accum_steps=plan.grad_accum_steps,
@@ -959,8 +981,7 @@ class Trainer:
             **extra,
         )
         if env.rank == 0:
-            what = "" if extra.get("committed", True) else " NOT COMMITTED (retried)"
-            print(f"[ddplab] step {self.step if step is None else step}/{cfg.max_steps}{what} "
+            print(f"[ddplab] step {self.step}/{cfg.max_steps} "
                   f"loss {mean_loss:.4f} lr {lr:.2e} ws {plan.world_size} {tokens_per_s:,.0f} tok/s "
                   f"(all-reduce {allreduce_s * 1e3:.1f} ms of {step_s * 1e3:.1f} ms)", flush=True)
 
