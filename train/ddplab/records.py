@@ -51,6 +51,26 @@ def events_of(records: Iterable[Record], event: str, rank: int | None = None) ->
     return [r for r in records if r.get("event") == event and (rank is None or as_int(r.get("rank")) == rank)]
 
 
+def newest_start_time(records: Iterable[Record]) -> float:
+    """The ``time`` of the newest ``start`` record (unix s): when this node's newest launch (or
+    torchrun restart) began; -inf without one."""
+    return max((num(r.get("time")) or 0.0 for r in records if r.get("event") == "start"),
+               default=float("-inf"))
+
+
+def group_finished(records: Iterable[Record], since: float = float("-inf")) -> bool:
+    """Whether the group finished the run in the launch that began at ``since`` (unix s): an
+    ``end`` record (ddplab.train writes it when the run reached max_steps; under per_step a
+    replica that reached it finished the run for its group) at or after ``since``; a record
+    without a time counts. Records of earlier launches of a resumed run do not.
+
+    The one home of "did the group finish": ddplab.controller.rundir.run_outcome (the collected
+    run, ``since`` its launch), ddplab.status (a node's ``finished``, job_state without systemd,
+    past_run_state: ``since`` the node's newest start) and, through the nodes' ``finished``, the
+    status table's cut-off rows."""
+    return any(r.get("event") == "end" and (num(r.get("time")) or since) >= since for r in records)
+
+
 def parse_jsonl(text: str) -> tuple[list[dict[str, Any]], int]:
     """``(JSON objects of a JSONL text, number of lines skipped)``.
 

@@ -36,7 +36,9 @@ from ddplab.records import (
     Record,
     as_int,
     events_of,
+    group_finished,
     newest_start_record,  # noqa: F401 - part of this module's API (tests, docs)
+    newest_start_time,
     num,
     read_metrics_dir,
     read_new_lines,
@@ -75,11 +77,13 @@ def job_state(unit: Mapping[str, str], records: Sequence[Record]) -> str:
     """``running`` | ``succeeded`` | ``failed`` | ``absent`` for one node's agent.
 
     The unit is started with RemainAfterExit=yes, so a finished agent stays ``active/exited`` with
-    its Result. Without unit information (no systemd) the records decide: an ``end`` record ->
-    succeeded, else running.
+    its Result. Without unit information (no systemd) the records decide: the group finished
+    since the node's newest start (:func:`ddplab.records.group_finished`) -> succeeded, else
+    running.
     """
+    finished = group_finished(records, newest_start_time(records))
     if not unit:
-        return "succeeded" if events_of(records, "end") else "running"
+        return "succeeded" if finished else "running"
     if unit.get("LoadState") == "not-found":
         return "absent"
     active, sub, result = unit.get("ActiveState"), unit.get("SubState"), unit.get("Result")
@@ -89,7 +93,7 @@ def job_state(unit: Mapping[str, str], records: Sequence[Record]) -> str:
         return "succeeded" if unit.get("ExecMainStatus", "0") == "0" else "failed"
     if active in ("active", "activating", "reloading", "deactivating"):
         return "running"
-    return "succeeded" if events_of(records, "end") else "absent"
+    return "succeeded" if finished else "absent"
 
 
 # job_state words, and past_run_state's own: a run whose agent ended without an end or failure
@@ -99,13 +103,13 @@ PAST_STATES = ("succeeded", "failed", "interrupted")
 
 def past_run_state(records: Sequence[Record]) -> str:
     """How a run whose agent no longer runs for it ended, from its records alone: ``succeeded``
-    (an ``end`` record after its newest ``start``), ``failed`` (a ``failure`` record after it and no
-    end), else ``interrupted`` (see :data:`PAST_STATES`). A resumed run's earlier launches do not
-    count."""
-    since = max((num(r.get("time")) or 0.0 for r in events_of(records, "start")), default=0.0)
-    newer = [r for r in records if (num(r.get("time")) or since) >= since]
-    if events_of(newer, "end"):
+    (the group finished since its newest ``start``: :func:`ddplab.records.group_finished`),
+    ``failed`` (a ``failure`` record after it and no end), else ``interrupted`` (see
+    :data:`PAST_STATES`). A resumed run's earlier launches do not count."""
+    since = newest_start_time(records)
+    if group_finished(records, since):
         return "succeeded"
+    newer = [r for r in records if (num(r.get("time")) or since) >= since]
     return "failed" if events_of(newer, "failure") else "interrupted"
 
 
@@ -171,7 +175,9 @@ def node_progress(records: Sequence[Record]) -> dict[str, Any]:
     """The newest figures of one node from its records (any order).
 
     Returns ``{step, run_id, max_steps, loss, val_loss, world_size, tokens_per_s, restart_count, rank,
-    age_s, step_age_s, finished, failure, stop_cause, engine}`` (None where unknown); ``engine``: the
+    age_s, step_age_s, finished, failure, stop_cause, engine}`` (None where unknown); ``finished``:
+    the group finished the run since the node's newest start (:func:`ddplab.records.group_finished`);
+    ``engine``: the
     recovery engine of the newest start record (torchelastic when it names none); ``age_s``: seconds since
     the newest record; ``step_age_s``: seconds since the newest ``step`` record; ``stop_cause``: the
     ``cause`` of a newest ``failure`` record (divergence, signal, ...).
@@ -209,7 +215,7 @@ def node_progress(records: Sequence[Record]) -> dict[str, Any]:
         "rank": as_int(newest.get("rank")),
         "age_s": round(time.time() - tnew, 1) if tnew is not None else None,
         "step_age_s": round(time.time() - tstep, 1) if tstep is not None else None,
-        "finished": bool(events_of(recs, "end")),
+        "finished": group_finished(recs, newest_start_time(recs)),
         "failure": failure,
         "stop_cause": stop_cause,
         "engine": (str(starts[-1].get("engine") or "torchelastic")) if starts else None,

@@ -247,10 +247,11 @@ def other_run_note(nodes: Mapping[str, Any], run_id: str = "") -> str:
 
 def mark_cut_off(rows: Sequence[dict[str, Any]], nodes: Mapping[str, Any]) -> list[dict[str, Any]]:
     """per_step: a ``failed`` row whose newest failure has cause ``cut_off`` reads ``cut off``
-    (well) when another laptop's job ``ended`` (reached max_steps): its group finished the run and
-    the cut-off replica trained nothing alone, as summary.json says (outcome finished, ``cut_off``).
+    (well) when the group finished the run on another laptop (its ``progress.finished``, which
+    ddplab.status reads with ddplab.records.group_finished: the one home summary.json's outcome
+    ``finished`` reads too): the cut-off replica trained nothing alone (summary.json ``cut_off``).
     Without a laptop that finished, it stays ``failed``."""
-    if not any(r["agent"] == AGENT.get("succeeded") for r in rows):
+    if not any(((res or {}).get("progress") or {}).get("finished") for res in nodes.values()):
         return list(rows)
     return [{**r, "agent": "cut off"} if r["agent"] == AGENT.get("failed") and (
         ((nodes.get(r["node"]) or {}).get("progress") or {}).get("stop_cause") == "cut_off") else r

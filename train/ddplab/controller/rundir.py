@@ -20,7 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from ddplab.faults import LAUNCH_KINDS, STOP_KIND
-from ddplab.records import Record, as_int, by_time, events_of, num, read_jsonl, read_metrics_dir
+from ddplab.records import (
+    Record,
+    as_int,
+    by_time,
+    events_of,
+    group_finished,
+    num,
+    read_jsonl,
+    read_metrics_dir,
+)
 
 SUMMARY_FILE = "summary.json"
 EVENTS_FILE = "events.jsonl"
@@ -298,7 +307,7 @@ def run_outcome(records: Sequence[Record], events: Sequence[Record]) -> str:
     def after(event: str) -> bool:
         return any(r.get("event") == event and (num(r.get("time")) or since) >= since for r in records)
 
-    if after("end"):
+    if group_finished(records, since):  # the one home of "did the group finish"
         return "finished"
     stops = [t for e in events if e.get("kind") == STOP_KIND and (t := num(e.get("time"))) is not None]
     if any(t >= since - 1.0 for t in stops):
