@@ -61,6 +61,92 @@ def logs_input_problems(node: Any, hosts: Iterable[str], rank: Any = None, lines
     return problems
 
 
+def stdout_log_of(stderr_path: Any) -> str:
+    """The ``stdout.log`` beside a worker's ``stderr.log`` (torchrun ``--tee 3`` writes both in the
+    same folder), e.g. ``.../attempt_0/1/stdout.log``. Raises ValueError for a path that is not a
+    torchrun worker's ``stderr.log``."""
+    path = str(stderr_path)
+    if not STDERR.search(path):
+        raise ValueError(f"not a torchrun worker's stderr.log: {path}")
+    return path[: -len("stderr.log")] + "stdout.log"
+
+
+def logs_rank_problem(workers: Iterable[Mapping[str, Any]], rank: Any, host: str, run_id: str = "") -> str:
+    """logs.yml's refusal when ``rank`` (-e rank=; '' or None: any) is held by no worker of
+    ``host`` (``ddplab.status`` ``workers``), naming the ranks its workers hold; '' when it is."""
+    if rank in (None, "") or local_ranks_of(workers, rank):
+        return ""
+    held = ", ".join(str(w["rank"]) for w in workers or [] if w.get("rank") is not None) or "none"
+    return (f"rank={rank} is not held by a worker on {host} in run {run_id or '(none)'} (its workers hold "
+            f"ranks {held}); fix: pick the node from `ansible-playbook status.yml`, or leave rank out")
+
+
+def _worker_of(workers: Iterable[Mapping[str, Any]], path: str) -> Mapping[str, Any]:
+    """The newest record (``ddplab.status`` ``workers``) of the local rank whose log is ``path``."""
+    m = STDERR.search(path)
+    local = int(m.group(2)) if m else None
+    return next((w for w in workers or [] if int(w.get("local_rank") or 0) == local), {})
+
+
+def _tail(result: Mapping[str, Any]) -> list[str] | None:
+    """The lines of a ``tail`` command's registered result; None when the file could not be read."""
+    if int(result.get("rc", 1) if result.get("rc") is not None else 1) != 0:
+        return None
+    return list(result.get("stdout_lines") or [])
+
+
+def logs_worker_messages(stderr_results: Iterable[Mapping[str, Any]],
+                         stdout_results: Iterable[Mapping[str, Any]], lines: Any,
+                         workers: Iterable[Mapping[str, Any]] | None = None, status_line: str = "",
+                         run_dir: str = "", run_id: str = "", rank: Any = "") -> list[list[str]]:
+    """What logs.yml shows of each worker of the node: one message (list of lines) per worker,
+    from the registered ``tail`` results of its ``stderr.log`` (``item``: the path) and of its
+    ``stdout.log`` (``item.item``: the stderr path; in the same order). ``workers``: ``ddplab.status``
+    ``workers`` (rank of each local rank); ``status_line``: the node's progress line.
+
+    A healthy worker writes no stderr: said so. Only global rank 0 prints the ``[ddplab]`` progress
+    lines (ddplab.train), so an empty stdout of another rank says where those lines are (the
+    laptop of rank 0, with the command) and gives the worker's newest metrics record and the
+    node's progress line instead. Without any worker log: one message saying so."""
+    stdout_results = list(stdout_results or [])
+    out: list[list[str]] = []
+    for i, err in enumerate(stderr_results or []):
+        path = str(err.get("item"))
+        worker = _worker_of(workers, path)
+        msg = [f"{path} (last {lines} lines):"]
+        msg += _tail(err) or ["no stderr output (a healthy worker writes none)"]
+        out_res = stdout_results[i] if i < len(stdout_results) else {}
+        msg.append(f"{stdout_log_of(path)} (last {lines} lines):")
+        text = _tail(out_res)
+        if text:
+            msg += text
+        elif worker.get("rank") not in (None, 0):
+            msg.append(
+                f"{'no stdout.log' if text is None else 'no stdout output'}: rank {worker['rank']} prints no "
+                "progress lines; rank 0 prints them ([ddplab] lines, also in its laptop's journal): "
+                "ansible-playbook logs.yml -e node=<the laptop of rank 0 in `ansible-playbook status.yml`> "
+                "-e rank=0")
+            msg.append(f"rank {worker['rank']}'s newest record: {worker.get('event')} at step "
+                       f"{'-' if worker.get('step') is None else worker['step']}, world size "
+                       f"{worker.get('world_size')}, restart {worker.get('restart_count')}, "
+                       f"{max(0.0, time.time() - float(worker.get('time') or 0)):.0f} s ago")
+            if status_line:
+                msg.append(f"the node's progress: {status_line.strip()}")
+        else:
+            msg.append("no stdout.log" if text is None else
+                       "no stdout output yet (rank 0 prints its first line after the rendezvous)")
+        out.append(msg)
+    if not out:
+        rank_part = f" for rank {rank}" if str(rank or "") else ""
+        out.append([f"no worker stderr of run {run_id or '(none)'} under {run_dir}/logs{rank_part}"])
+    return out
+
+
+def logs_journal_message(journal_lines: Iterable[str], unit: str, lines: Any) -> list[str]:
+    """logs.yml's journal message: a heading naming the command, then the journal's lines."""
+    return [f"journalctl -u {unit} (last {lines} lines):", *(journal_lines or ["no journal lines"])]
+
+
 def stop_event(events_text: Any) -> dict[str, Any]:
     """The ``kind: stop`` event stop.yml wrote for the run's newest launch, or {}.
 
@@ -162,6 +248,10 @@ class FilterModule:
         return {
             "ddp_job_local_ranks": local_ranks_of,
             "ddp_job_newest_stderr": newest_stderr,
+            "ddp_job_stdout_log": stdout_log_of,
+            "ddp_job_logs_rank_problem": logs_rank_problem,
+            "ddp_job_logs_worker_messages": logs_worker_messages,
+            "ddp_job_logs_journal_message": logs_journal_message,
             "ddp_job_logs_input_problems": logs_input_problems,
             "ddp_job_stop_event": stop_event,
             "ddp_job_attach_plan": attach_plan,
