@@ -3,7 +3,6 @@ per-step global batch and LR, and where a replica's addresses come from (ddplab.
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import random
 import time
@@ -278,56 +277,6 @@ def test_a_vote_whose_call_timed_out_is_a_step_not_committed_not_a_crash():
     assert replica.commit() is False
     assert torch.equal(param.detach(), torch.ones(3))  # no update applied
     assert [type(e) for e in replica.manager.errors] == [TimeoutError]
-
-
-class QuorumOutlivedItsDeadline:
-    """A Manager whose first quorum call fails as torchft 0.2.0's does when no quorum came within
-    ft_quorum_timeout_s (the lighthouse out of reach, or the worker frozen in the call): the
-    failed call's future is kept and ``start_quorum`` waits on it first, so without a reset every
-    later quorum raised the same error again."""
-
-    def __init__(self) -> None:
-        self._quorum_future: concurrent.futures.Future | None = None
-        self._quorum_id, self.calls = 5, 0
-
-    def start_quorum(self, **_: object) -> None:
-        if self._quorum_future is not None:
-            self._quorum_future.result()  # as torchft: the previous quorum first
-        self.calls += 1
-        self._quorum_future = concurrent.futures.Future()
-        if self.calls == 1:
-            self._quorum_future.set_exception(TimeoutError('status: Cancelled, message: "Timeout expired"'))
-        else:
-            self._quorum_id += 1
-            self._quorum_future.set_result(None)
-        self._quorum_future.result()  # use_async_quorum=False: wait_quorum
-
-    def num_participants(self) -> int:
-        self._quorum_future.result()
-        return 2
-
-    def participating_rank(self) -> int:
-        return 1
-
-
-def test_a_quorum_call_that_timed_out_is_an_attempt_without_quorum_not_a_crash():
-    """The newcomer's 200 s partition of laptop-c (run 20261201-091704-9e9b): its quorum call
-    raised TimeoutError after ft_quorum_timeout_s, which ended the worker (exit 1, cause error)
-    and spent a torchrun restart; a worker frozen in the quorum call longer than that did the
-    same. start_step now returns None (nothing computed), and the next call gets a quorum."""
-    import torch
-    from torchft.optim import OptimizerWrapper
-
-    param = torch.nn.Parameter(torch.ones(3))
-    replica = replica_at(5)
-    replica.manager = QuorumOutlivedItsDeadline()
-    replica.optimizer = OptimizerWrapper(replica.manager, torch.optim.SGD([param], lr=0.5))
-    replica.quorum_at = time.monotonic() - 30
-    assert replica.start_step() is None
-    assert "Timeout expired" in replica.quorum_error and replica.no_quorum_s >= 30
-    assert replica.start_step() == (1, 2)  # asked again: the quorum came
-    assert replica.quorum_error is None and replica.no_quorum_s < 5
-    assert replica.cut_off is None and replica.group_quorum_id == 6
 
 
 def test_checkpoints_carry_no_quorum_id_and_old_ones_still_load(tmp_path):

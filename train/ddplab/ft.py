@@ -29,6 +29,7 @@ import math
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -190,7 +191,9 @@ class Replica:
 
     Raises:
         FaultToleranceError: see :func:`endpoint`.
-        RuntimeError: the store, the Manager's port or the lighthouse cannot be reached (torchft).
+        CutOffError: the lighthouse did not answer within ``ft_quorum_timeout_s +
+            ft_rejoin_wait_s`` (:func:`no_quorum_error`).
+        RuntimeError: the store or the Manager's port cannot be used (torchft).
     """
 
     def __init__(self, cfg: Any, optimizer: torch.optim.Optimizer,
@@ -216,46 +219,53 @@ class Replica:
             port = self._store.port
         self.store_port = port
         self.pg = BoundProcessGroupGloo(where.addr, timeout)
-        started, announced = time.monotonic(), False
-        while True:
-            try:
-                self.manager = self._masked_manager(cfg, where.addr, port, timeout, quorum_timeout,
-                                                    state_dict, load_state_dict)
-                break
-            except RuntimeError as exc:  # torchft: "failed to connect to <lighthouse> within ..."
-                if not str(exc).startswith("failed to connect to"):
-                    raise
-                # a worker started while the lighthouse is out of reach (a partition): it tries
-                # again in this life instead of spending a torchrun restart per connect timeout
-                waited = time.monotonic() - started
-                why = f"RuntimeError: {str(exc).split(';')[0]}"
-                if waited >= cfg.ft_quorum_timeout_s + cfg.ft_rejoin_wait_s:
-                    raise no_quorum_error(cfg, self.replica_id, group_quorum_id, started, waited, why,
-                                          step) from None
-                if not announced:
-                    announced = True
-                    print(f"[ddplab] replica {self.replica_id}: {why}; trying again (at most "
-                          f"{cfg.ft_quorum_timeout_s + cfg.ft_rejoin_wait_s:g} s)", flush=True)
-                time.sleep(0.5)
+        # A worker started while the lighthouse is out of reach (a partition, a rejoin before the
+        # route is back) waits for it in this life instead of spending a torchrun restart per
+        # connect timeout: torchft's own connect retries with backoff (100 ms growing to 10 s)
+        # for up to the Manager's ``connect_timeout``, set to the bound of a replica without
+        # quorum, ft_quorum_timeout_s + ft_rejoin_wait_s.
+        bound = cfg.ft_quorum_timeout_s + cfg.ft_rejoin_wait_s
+        started = time.monotonic()
+        try:
+            self.manager = self._masked_manager(cfg, where.addr, port, timeout, quorum_timeout,
+                                                timedelta(seconds=bound), state_dict, load_state_dict)
+        except RuntimeError as exc:
+            waited = time.monotonic() - started
+            if waited < bound:  # not the connect running out (e.g. the Manager's port is taken)
+                raise
+            why = f"RuntimeError: {str(exc).split(';')[0]}"
+            raise no_quorum_error(cfg, self.replica_id, group_quorum_id, started, waited, why,
+                                  step) from None
         if step:
             self.manager.load_state_dict({"step": step, "batches_committed": 0})
         self.optimizer = OptimizerWrapper(self.manager, optimizer)
 
-    def _masked_manager(self, *args: Any) -> Manager:
+    def _masked_manager(self, cfg: Any, *args: Any) -> Manager:
         """:meth:`_manager`, with the quorum thread started. Threads started in here (torchft's
-        Rust runtime, its quorum thread, gloo's) are born with SIGTERM/SIGINT blocked: the kernel
-        then delivers them to this thread, and a wait for a quorum (a lock wait) is interrupted at
-        once instead of up to the quorum timeout."""
+        Rust runtime, its quorum thread, gloo's, the announcement's timer) are born with
+        SIGTERM/SIGINT blocked: the kernel then delivers them to this thread, and a wait for a
+        quorum (a lock wait) is interrupted at once instead of up to the quorum timeout.
+
+        While torchft connects to the lighthouse, one line says so if that takes longer than
+        ``ft_timeout_s`` (the lighthouse out of reach: torchft keeps trying, see ``__init__``)."""
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+        bound = cfg.ft_quorum_timeout_s + cfg.ft_rejoin_wait_s
+        announce = threading.Timer(cfg.ft_timeout_s, lambda: print(
+            f"[ddplab] replica {self.replica_id}: the lighthouse {cfg.ft_lighthouse} does not answer "
+            f"yet; torchft keeps trying to connect (at most {bound:g} s: ft_quorum_timeout_s + "
+            "ft_rejoin_wait_s)", flush=True))
+        announce.daemon = True
         try:
-            manager = self._manager(*args)
+            announce.start()
+            manager = self._manager(cfg, *args)
             manager._executor.submit(int).result()  # start the quorum thread now, masked
             return manager
         finally:
+            announce.cancel()
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def _manager(self, cfg: Any, addr: str, port: int, timeout: timedelta, quorum_timeout: timedelta,
-                 state_dict: Callable[[], dict[str, Any]],
+                 connect_timeout: timedelta, state_dict: Callable[[], dict[str, Any]],
                  load_state_dict: Callable[[dict[str, Any]], None]) -> Manager:
         return Manager(
             pg=self.pg, load_state_dict=load_state_dict, state_dict=state_dict,
@@ -263,7 +273,7 @@ class Replica:
             # the quorum is known before the batch is chosen, and a joiner is healed before it
             # computes: every participant of a step holds the same state and knows its rank
             use_async_quorum=False,
-            timeout=timeout, quorum_timeout=quorum_timeout, connect_timeout=quorum_timeout,
+            timeout=timeout, quorum_timeout=quorum_timeout, connect_timeout=connect_timeout,
             rank=0, world_size=1, store_addr=addr, store_port=port,
             lighthouse_addr=cfg.ft_lighthouse, replica_id=self.replica_id,
             port=cfg.ft_manager_port, hostname=addr,
@@ -283,15 +293,14 @@ class Replica:
         TimeoutError: the lighthouse is out of reach, e.g. a partition, or this worker was frozen
         in the call past its deadline): nothing was computed or applied, the caller asks again
         (:attr:`no_quorum_s` says for how long there has been none) instead of ending the worker.
-        torchft keeps the failed call's future and would raise its error again at the next
-        quorum, so it is dropped here.
+        torchft keeps the failed call's future, so it is dropped (:meth:`_forget_failed_quorum`).
         """
         try:
             self.optimizer.zero_grad(set_to_none=True)
             participants = self.manager.num_participants()
             rank = self.manager.participating_rank()
         except TimeoutError as exc:
-            self.manager._quorum_future = None  # the call is over; torchft 0.2.0 has no reset
+            self._forget_failed_quorum()
             # tonic's status text ends in call metadata (", details: [], metadata: MetadataMap {...}")
             self.quorum_error = f"{type(exc).__name__}: {str(exc).split(', details:')[0]}"
             return None
@@ -299,6 +308,22 @@ class Replica:
         self.quorum_at = time.monotonic()
         self.follow_quorum(self.quorum_id)
         return (0 if rank is None else rank), max(1, participants)
+
+    def _forget_failed_quorum(self) -> None:
+        """Drop the Manager's future of a quorum call that raised, so the next ``start_quorum``
+        asks the lighthouse again.
+
+        torchft 0.2.0's ``Manager.start_quorum`` first waits on the previous call's future and so
+        raises its TimeoutError again, at once, at every later quorum: the worker could never get
+        a quorum in this life. torchft has no public reset. Its public ``quorum_retries`` (a
+        Manager argument) does not do the job: the Manager server retries the lighthouse call, but
+        each attempt gets the whole quorum timeout, which is also the Python call's deadline, so
+        the call still raises TimeoutError after ``ft_quorum_timeout_s`` and the future is kept
+        (measured with torchft 0.2.0 and a lighthouse frozen, or killed and started again, past
+        the timeout: the same with quorum_retries 0 and 5). tests/test_ft_quorum.py checks both
+        facts against the real torchft, so an upgrade that changes them shows.
+        """
+        self.manager._quorum_future = None
 
     @property
     def no_quorum_s(self) -> float:

@@ -1,0 +1,139 @@
+"""per_step: a replica without a lighthouse rides it out in one life, against the real torchft
+(issue 14, item 3). One ddplab.ft.Replica in this process, its Manager under a lighthouse process
+on localhost that the tests freeze (SIGSTOP: what a partition of the controller looks like to a
+replica; the lab's partition drops the packets).
+
+* A quorum call that times out: ``start_step`` returns None and the next call gets a quorum once
+  the lighthouse answers again. torchft 0.2.0 keeps the failed call's future and raises its error
+  again at every later ``start_quorum``; its public ``quorum_retries`` does not prevent it (the
+  Manager server retries the lighthouse, but the Python call's deadline is the same quorum
+  timeout). ddplab.ft drops the future (``Replica._forget_failed_quorum``); the last test checks
+  that torchft still needs it, so an upgrade that fixes torchft shows.
+* A lighthouse out of reach when the worker starts: torchft's own connect retries up to the
+  Manager's ``connect_timeout`` (ft_quorum_timeout_s + ft_rejoin_wait_s), one line says so, and
+  the Replica is built in one call once the lighthouse answers; past the bound it ends cut off.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import test_per_step_e2e as e2e
+import torch
+from labharness import free_port
+
+lighthouse = e2e.lighthouse  # the fixture: a lighthouse process on a free port
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def make_replica(lighthouse, clean_env):
+    from ddplab.config import build_config
+    from ddplab.ft import Replica
+
+    clean_env.setenv("DDPLAB_GLOO_ADDR", "127.0.0.1")
+    clean_env.setenv("RUST_LOG", "warn")
+    clean_env.delenv("DDPLAB_RDZV_ENDPOINT", raising=False)
+    made = []
+
+    def make(**overrides):
+        cfg = build_config({"fault_tolerance": "per_step", "ft_lighthouse": str(lighthouse),
+                            "ft_replica_id": "node0", "ft_manager_port": free_port(),
+                            "ft_quorum_timeout_s": 2, "ft_rejoin_wait_s": 60, **overrides})
+        model = torch.nn.Linear(2, 2)
+        replica = Replica(cfg, torch.optim.SGD(model.parameters(), lr=0.1), model.state_dict,
+                          model.load_state_dict)
+        made.append(replica)
+        return replica
+
+    yield make
+    lighthouse.proc.send_signal(signal.SIGCONT)
+    for replica in made:
+        replica.shutdown()
+
+
+def thaw_after(lighthouse, seconds: float) -> threading.Timer:
+    timer = threading.Timer(seconds, lambda: lighthouse.proc.send_signal(signal.SIGCONT))
+    timer.start()
+    return timer
+
+
+def test_a_quorum_call_that_timed_out_is_asked_again_in_the_same_life(make_replica, lighthouse):
+    replica = make_replica()
+    assert replica.start_step() == (0, 1)
+    first = replica.quorum_id
+    lighthouse.proc.send_signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    assert replica.start_step() is None  # no quorum within ft_quorum_timeout_s 2: nothing computed
+    assert time.monotonic() - t0 >= 1.9
+    assert replica.quorum_error.startswith("TimeoutError: ") and "Timeout expired" in replica.quorum_error
+    assert "metadata" not in replica.quorum_error and replica.no_quorum_s >= 1.9
+    lighthouse.proc.send_signal(signal.SIGCONT)
+    assert replica.start_step() == (0, 1)  # asked again: the quorum came (before: TimeoutError)
+    assert replica.quorum_error is None and replica.no_quorum_s < 1
+    assert replica.quorum_id >= first and replica.cut_off is None
+
+
+def test_a_lighthouse_out_of_reach_at_start_is_waited_for_in_one_call(make_replica, lighthouse, capsys):
+    lighthouse.proc.send_signal(signal.SIGSTOP)
+    thaw = thaw_after(lighthouse, 4)
+    t0 = time.monotonic()
+    replica = make_replica(ft_timeout_s=1)
+    built_s = time.monotonic() - t0
+    thaw.join()
+    assert 3.5 <= built_s < 30, built_s  # torchft waited for the thaw (connect backoff <= 10 s)
+    out = capsys.readouterr().out
+    assert "does not answer yet; torchft keeps trying to connect (at most 62 s" in out
+    assert replica.start_step() == (0, 1)
+
+
+def test_a_lighthouse_out_of_reach_past_the_bound_ends_the_replica_cut_off(make_replica, lighthouse):
+    from ddplab.ft import CutOffError
+
+    lighthouse.proc.send_signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    with pytest.raises(CutOffError) as err:
+        make_replica(ft_quorum_timeout_s=1, ft_rejoin_wait_s=2)
+    assert 3 <= time.monotonic() - t0 < 30
+    assert err.value.cut_off.quorum_id is None and err.value.cut_off.unreachable_s >= 3
+    assert f"got no quorum from the lighthouse {lighthouse}" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("quorum_retries", [0, 5])
+def test_torchft_still_keeps_a_failed_quorum_future(lighthouse, quorum_retries):
+    """Why Replica._forget_failed_quorum touches a private field: with torchft 0.2.0, after a
+    quorum call timed out, every later start_quorum raises the same TimeoutError at once, with or
+    without quorum_retries. When this test fails, torchft changed: drop the reset."""
+    from torch.distributed import TCPStore
+    from torchft import Manager, ProcessGroupGloo
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    two = timedelta(seconds=2)
+    manager = Manager(pg=ProcessGroupGloo(timeout=two), load_state_dict=lambda _: None,
+                      state_dict=dict, min_replica_size=1, use_async_quorum=False, timeout=two,
+                      quorum_timeout=two, connect_timeout=timedelta(seconds=10), rank=0, world_size=1,
+                      store_addr="127.0.0.1", store_port=store.port, lighthouse_addr=str(lighthouse),
+                      replica_id="probe", port=free_port(), hostname="127.0.0.1",
+                      quorum_retries=quorum_retries)
+    try:
+        manager.start_quorum()
+        lighthouse.proc.send_signal(signal.SIGSTOP)
+        with pytest.raises(TimeoutError):
+            manager.start_quorum()  # the lighthouse frozen past the quorum timeout
+        lighthouse.proc.send_signal(signal.SIGCONT)
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):
+            manager.start_quorum()  # the lighthouse answers again, yet the old error is raised
+        assert time.monotonic() - t0 < 0.5
+        manager._quorum_future = None  # what Replica._forget_failed_quorum does
+        manager.start_quorum()
+    finally:
+        lighthouse.proc.send_signal(signal.SIGCONT)
+        manager.shutdown(wait=False)
