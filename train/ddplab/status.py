@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import socket
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ddplab import faults
+from ddplab import faults, units
 from ddplab.records import (
     Record,
     as_int,
@@ -139,25 +138,21 @@ def unit_holds_run(out_dir: Path, unit: Mapping[str, str]) -> bool | None:
     return current.strip() == out_dir.name
 
 
-# the agent's --rdzv-endpoint in systemd's ExecStart property ("argv[]=... --rdzv-endpoint H:P ...")
-_RDZV_ENDPOINT = re.compile(r"--rdzv[-_]endpoint[ =]([^\s;]+)")
-
-
 def run_endpoints(out_dir: Path, unit: Mapping[str, str], holds: bool | None) -> dict[str, str | None]:
     """Where the run's controller services are, as its launch recorded them on this node:
     ``lighthouse``, the per_step engine's torchft lighthouse (``ft_lighthouse`` of the run's
     run.json, e.g. ``http://10.89.0.1:29510``), and ``store``, torchelastic's c10d store (the
-    ``--rdzv-endpoint`` of the agent unit's command line, ``host:port``, read only while the unit
-    holds the run: :func:`unit_holds_run`). None where not known. status.yml compares them with
-    the store and lighthouse it read on the controller."""
+    ``--rdzv-endpoint`` of the agent unit's command line (:mod:`ddplab.units`), ``host:port``, read
+    only while the unit holds the run: :func:`unit_holds_run`). None where not known. status.yml
+    compares them with the store and lighthouse it read on the controller."""
     try:
         config = json.loads(_read_text(out_dir / "run.json") or "{}")
     except ValueError:
         config = {}
     per_step = isinstance(config, dict) and config.get("fault_tolerance") == "per_step"
     lighthouse = str(config["ft_lighthouse"]) if per_step and config.get("ft_lighthouse") else None
-    m = _RDZV_ENDPOINT.search(unit.get("ExecStart") or "") if holds is not False and not per_step else None
-    return {"store": m.group(1) if m else None, "lighthouse": lighthouse}
+    argv = units.exec_start_argv(unit.get("ExecStart") or "") if holds is not False and not per_step else []
+    return {"store": units.option_value(argv, "--rdzv-endpoint"), "lighthouse": lighthouse}
 
 
 def read_node_metrics(metrics_dir: str | Path,

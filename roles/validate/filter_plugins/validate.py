@@ -10,6 +10,7 @@ tests/test_validate_check.py.
 from __future__ import annotations
 
 import base64
+import importlib
 import io
 import ipaddress
 import json
@@ -114,6 +115,14 @@ def spec_owners(specs: dict) -> dict[str, str]:
             for name in (spec["argument_specs"]["main"].get("options") or {})}
 
 
+def _ddplab(module: str):
+    """A module of the training package (``ddplab.<module>``, one that needs no torch), from the
+    checkout's train/."""
+    if str(_TRAIN_DIR) not in sys.path:
+        sys.path.insert(0, str(_TRAIN_DIR))
+    return importlib.import_module(f"ddplab.{module}")
+
+
 def train_config_error(values: dict) -> str:
     """The training program's verdict on a run configuration: ``""`` when valid, else its message.
 
@@ -121,24 +130,12 @@ def train_config_error(values: dict) -> str:
     controller-side twin of ``python -m ddplab.train --check``: the same ``build_config`` decides,
     before any node is touched. Needs no torch.
     """
-    if str(_TRAIN_DIR) not in sys.path:
-        sys.path.insert(0, str(_TRAIN_DIR))
-    from ddplab.config import ConfigError, build_config  # noqa: PLC0415 - the package is optional here
-
+    config = _ddplab("config")
     try:
-        build_config(json_values=dict(values))
-    except ConfigError as exc:
+        config.build_config(json_values=dict(values))
+    except config.ConfigError as exc:
         return str(exc)
     return ""
-
-
-def _ddplab_config():
-    """The training program's configuration module (no torch needed), from the checkout's train/."""
-    if str(_TRAIN_DIR) not in sys.path:
-        sys.path.insert(0, str(_TRAIN_DIR))
-    from ddplab import config  # noqa: PLC0415 - the package is optional here
-
-    return config
 
 
 # The playbook variables that give run.json keys (roles/ddp_job/vars/main.yml __ddp_job_config);
@@ -174,7 +171,7 @@ def resume_plan(nodes: dict, run_id: str, given_vars: dict, looked_in: str = "")
     keep it); ``changes`` the given values that differ from the run's; ``engine`` the run's
     recovery engine (None when unknown); ``step`` the newest checkpoint step on any node.
     """
-    config = _ddplab_config()
+    config = _ddplab("config")
     out: dict = {"problems": [], "warnings": [], "settings": {}, "changes": [], "engine": None,
                  "step": None, "holders": []}
     steps = {h: [int(m.group(1)) for n in (v or {}).get("checkpoints") or []
@@ -330,30 +327,17 @@ def unit_launch(show: str) -> dict:
     """What the node's last agent launch passed, from ``systemctl show UNIT -p
     LoadState,ExecStart,Environment``: ``{loaded, local_addr, rdzv_endpoint, gloo_socket_ifname}``.
 
-    ``ExecStart`` reads ``{ path=... ; argv[]=python -m ddplab.agent --nnodes 1:3 ... ; ... }``;
-    ``Environment`` is space-separated ``KEY=VALUE`` words. Values not passed are None.
+    ``ExecStart`` is read by the training package's one parser of it (``ddplab.units``, which
+    ``ddplab.status`` uses on the nodes); ``Environment`` is space-separated ``KEY=VALUE`` words.
+    Values not passed are None.
     """
+    units = _ddplab("units")
     props = show_props(show)
-    argv: list[str] = []
-    match = re.search(r"argv\[\]=(.*?) ;", props.get("ExecStart", ""))
-    if match:
-        try:
-            argv = shlex.split(match.group(1))
-        except ValueError:
-            argv = match.group(1).split()
-
-    def flag(name: str):
-        for i, word in enumerate(argv):
-            if word == name and i + 1 < len(argv):
-                return argv[i + 1]
-            if word.startswith(name + "="):
-                return word.split("=", 1)[1]
-        return None
-
+    argv = units.exec_start_argv(props.get("ExecStart", ""))
     env = unit_environment(props)
     return {"loaded": props.get("LoadState") == "loaded" and bool(argv),
-            "local_addr": flag("--local-addr") or flag("--local_addr"),
-            "rdzv_endpoint": flag("--rdzv-endpoint") or flag("--rdzv_endpoint"),
+            "local_addr": units.option_value(argv, "--local-addr"),
+            "rdzv_endpoint": units.option_value(argv, "--rdzv-endpoint"),
             "gloo_socket_ifname": env.get("GLOO_SOCKET_IFNAME")}
 
 
