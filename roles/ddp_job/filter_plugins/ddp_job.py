@@ -190,18 +190,22 @@ def run_state_of(res: Mapping[str, Any] | None, host: str, stop: Mapping[str, An
     return state
 
 
-def running_hosts(hosts: Any, hostvars: Mapping[str, Any] | None = None) -> list[str]:
-    """The hosts among ``hosts`` (names, in order) where the run looked at still runs:
-    :func:`run_state_of` of each host's ``ddp_job_status`` (read from ``hostvars``, e.g. Ansible's
-    ``hostvars``; a host without one is ``absent``) is ``running``. For collect's refusal."""
+def statuses_of(hosts: Any, hostvars: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Host -> its ``ddp_job_status`` (read from ``hostvars``, e.g. Ansible's ``hostvars``; None for
+    a host without one), for each of ``hosts`` (names) in order."""
     hostvars = hostvars if hostvars is not None else {}
-    out = []
+    out: dict[str, Any] = {}
     for host in hosts or ():
         vars_ = hostvars.get(host, {})
-        res = vars_.get("ddp_job_status") if isinstance(vars_, Mapping) else None
-        if run_state_of(res, host) == "running":
-            out.append(str(host))
+        out[str(host)] = vars_.get("ddp_job_status") if isinstance(vars_, Mapping) else None
     return out
+
+
+def running_hosts(hosts: Any, hostvars: Mapping[str, Any] | None = None) -> list[str]:
+    """The hosts among ``hosts`` (names, in order) where the run looked at still runs:
+    :func:`run_state_of` of each host's ``ddp_job_status`` (:func:`statuses_of`; a host without
+    one is ``absent``) is ``running``. For collect's refusal."""
+    return [h for h, res in statuses_of(hosts, hostvars).items() if run_state_of(res, h) == "running"]
 
 
 def unit_tells_run(res: Mapping[str, Any] | None) -> bool:
@@ -222,11 +226,13 @@ WORDS = {"running": "running", "succeeded": "ended", "failed": "failed", "absent
 def attach_plan(results: Mapping[str, Any], stop: Mapping[str, Any] | None = None,
                 run_id: str = "") -> dict[str, Any]:
     """What attach.yml does with the run looked at, from every trainer's ``ddp_job_status``
-    (host -> result) and the run's stop event: ``{states, watch, other_job, line}``. ``states``:
-    host -> :func:`run_state_of`; ``watch``: some agent unit speaks of the run
+    (host -> result, :func:`statuses_of`) and the run's stop event: ``{states, watch, other_job,
+    line, problem}``. ``states``: host -> :func:`run_state_of`; ``watch``: some agent unit speaks of the run
     (:func:`unit_tells_run`), so the watch follows it; ``other_job``: a trainer's agent runs
     another run (the store is not this run's to stop); ``line``: when not watched, the one line
-    that says how the run ended on each node (it is collected next)."""
+    that says how the run ended on each node (it is collected next); ``problem``: attach.yml's
+    refusal when no trainer has a job of the run (every state absent, unreachable or error), ''
+    otherwise."""
     states = {h: run_state_of(r, h, stop) for h, r in results.items()}
     watch = any(unit_tells_run(r) for r in results.values())
     others = sorted({str((r or {}).get("current_run") or "?") for r in results.values()
@@ -238,7 +244,12 @@ def attach_plan(results: Mapping[str, Any], stop: Mapping[str, Any] | None = Non
                 if (stop or {}).get("time") else "")
         line = (f"run {run_id} does not run any more ({nodes}{when}): nothing to follow; it is collected now"
                 + (f" (the trainers' agents run run {', '.join(others)})" if others else ""))
-    return {"states": states, "watch": watch, "other_job": bool(others), "line": line}
+    problem = ""
+    if all(s in ("absent", "unreachable", "error") for s in states.values()):
+        named = run_id or "(none: no runs/current, no current_run on the trainers)"
+        problem = (f"no job of run {named} on any trainer; fix: start one with site.yml, or name the run "
+                   "with -e run_id=<run id> (see runs/)")
+    return {"states": states, "watch": watch, "other_job": bool(others), "line": line, "problem": problem}
 
 
 class FilterModule:
@@ -256,4 +267,5 @@ class FilterModule:
             "ddp_job_stop_event": stop_event,
             "ddp_job_attach_plan": attach_plan,
             "ddp_job_running_hosts": running_hosts,
+            "ddp_job_statuses": statuses_of,
         }

@@ -1,0 +1,105 @@
+"""Filters of the collect role: where the run to collect comes from, whether a trainer or the
+controller holds it (the role's one-line refusal of a run nobody holds), the journal command of
+the run's invocations, the newest checkpoints, and the lines collect prints."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+
+def collect_source(collect_run_id: Any, launched_run_id: Any = "") -> str:
+    """How the run to collect was named, for collect's lines: ``-e collect_run_id`` when given,
+    ``the run this play launched or followed`` when the play settled one (``ddp_lab_run_id``),
+    else ``runs/current``."""
+    if str(collect_run_id or ""):
+        return "-e collect_run_id"
+    if str(launched_run_id or ""):
+        return "the run this play launched or followed"
+    return "runs/current"
+
+
+def collect_missing_run(node_dirs: Mapping[str, Any], home_dir: Mapping[str, Any] | None, run_id: str,
+                        base_dir: str, runs_dir: str) -> str:
+    """The refusal when no reachable trainer and not the controller holds run ``run_id``; '' when
+    one does. ``node_dirs``: host -> its registered ``ansible.builtin.stat`` of
+    ``<base_dir>/runs/<run_id>`` (``unreachable`` when the trainer was not reached; missing or
+    skipped: not read); ``home_dir``: the ``stat`` result of ``<runs_dir>/<run_id>`` on the
+    controller."""
+    if ((home_dir or {}).get("stat") or {}).get("isdir"):
+        return ""
+    held = [h for h, r in node_dirs.items() if (((r or {}).get("stat") or {}).get("isdir"))]
+    if held:
+        return ""
+    unreached = [h for h, r in node_dirs.items() if (r or {}).get("unreachable")]
+    reached = [h for h in node_dirs if h not in unreached]
+    where = ", ".join(reached) or "any trainer"
+    return (f"no trainer and not the controller holds run {run_id} (no {base_dir}/runs/{run_id} on {where}"
+            + (f"; not reached: {', '.join(unreached)}" if unreached else "")
+            + f"; no {runs_dir}/{run_id} here); fix: name a run of {runs_dir} or of the trainers' "
+            f"{base_dir}/runs with -e collect_run_id=<run id>"
+            + (", or bring the laptops not reached back" if unreached else ""))
+
+
+def collect_registered(hosts: Iterable[str], hostvars: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """Host -> the value of its variable ``name`` (a registered result) in ``hostvars``, for each
+    host of ``hosts`` in order ({} for a host without it)."""
+    out = {}
+    for host in hosts or ():
+        vars_ = hostvars.get(host, {})
+        out[str(host)] = vars_.get(name, {}) if isinstance(vars_, Mapping) else {}
+    return out
+
+
+def collect_journal_argv(invocations_b64: Any, unit: str) -> list[str]:
+    """The ``journalctl`` command of the run's part of the agent's journal: the entries of the run's
+    invocations (``invocations_b64``: the base64 ``content`` of the run's ``invocations`` file,
+    ``ansible.builtin.slurp``; one systemd InvocationID a line, the launch records each), by the
+    unit's own messages (``_SYSTEMD_INVOCATION_ID``) or those systemd wrote about it
+    (``INVOCATION_ID``); without any: the whole journal of ``unit``."""
+    try:
+        text = base64.b64decode(str(invocations_b64 or "")).decode("utf-8", "replace")
+    except (ValueError, binascii.Error):
+        text = ""
+    ids = text.split()
+    argv = ["journalctl", "--no-pager", "-o", "short-iso"]
+    if not ids:
+        return [*argv, "-u", unit]
+    return [*argv, *(f"_SYSTEMD_INVOCATION_ID={i}" for i in ids), "+", *(f"INVOCATION_ID={i}" for i in ids)]
+
+
+def collect_newest(files: Iterable[Mapping[str, Any]], count: Any) -> list[str]:
+    """The paths of the ``count`` newest checkpoints among ``ansible.builtin.find``'s ``files``
+    (``ckpt-<step>.pt``, zero-padded: newest = last by name); [] for ``count`` <= 0."""
+    n = int(count)
+    return sorted(str(f["path"]) for f in files or [])[-n:] if n > 0 else []
+
+
+def collect_snapshot_hosts(running: Iterable[str], snapshot: Any) -> str:
+    """summary build's ``--running``: the trainers where the run still runs, comma-separated, when
+    collect takes a snapshot of it (``snapshot`` true); '' otherwise."""
+    return ",".join(running or []) if str(snapshot).lower() in ("true", "1", "yes") else ""
+
+
+def collect_summary_lines(summary_lines: Iterable[str], run_dir: str, report: Any) -> list[str]:
+    """What collect prints at its end: the human summary's lines, then the report's path when it
+    wrote one (``report`` true)."""
+    tail = [f"report: {run_dir}/report.html"] if str(report).lower() in ("true", "1", "yes") else []
+    return [*(summary_lines or []), *tail]
+
+
+class FilterModule:
+    """The filters above."""
+
+    def filters(self):
+        return {
+            "collect_source": collect_source,
+            "collect_missing_run": collect_missing_run,
+            "collect_registered": collect_registered,
+            "collect_journal_argv": collect_journal_argv,
+            "collect_newest": collect_newest,
+            "collect_snapshot_hosts": collect_snapshot_hosts,
+            "collect_summary_lines": collect_summary_lines,
+        }

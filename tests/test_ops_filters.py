@@ -1,0 +1,103 @@
+"""The decisions of collect (where the run comes from, whether anybody holds it) and attach.yml
+(whose statuses, whether there is a job to attach to) are filters with tests, not Jinja in the
+task files (review, session 8: ``__collect_source`` and attach.yml's dict/zip/extract and reject
+expressions)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load(name: str, path: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+collect = _load("collect_role_filters", "roles/collect/filter_plugins/collect.py")
+ddp_job = _load("ddp_job_role_filters_ops", "roles/ddp_job/filter_plugins/ddp_job.py")
+
+# a Jinja expression that is more than a variable passed through filters: inline if/else,
+# dict()/zip()/map('extract') building, reject/select tests
+LOGIC = re.compile(r"\bif\b.*\belse\b|dict\(|\bzip\b|'extract'|reject\(|selectattr\(")
+
+
+def _expressions(path: str) -> list[str]:
+    return re.findall(r"\{\{(.*?)\}\}", (ROOT / path).read_text(), flags=re.S)
+
+
+def test_collect_source():
+    assert collect.collect_source("r1", "r0") == "-e collect_run_id"
+    assert collect.collect_source("", "r0") == "the run this play launched or followed"
+    assert collect.collect_source("", "") == "runs/current"
+    assert collect.collect_source(None, None) == "runs/current"
+
+
+def test_collect_missing_run_names_where_it_looked():
+    dirs = {"laptop-a": {"stat": {"exists": False}}, "laptop-b": {"unreachable": True, "msg": "no route"}}
+    line = collect.collect_missing_run(dirs, {"stat": {"exists": False}}, "r9", "/var/lib/ddp-lab", "/x/runs")
+    assert line == ("no trainer and not the controller holds run r9 (no /var/lib/ddp-lab/runs/r9 on "
+                    "laptop-a; not reached: laptop-b; no /x/runs/r9 here); fix: name a run of /x/runs or of "
+                    "the trainers' /var/lib/ddp-lab/runs with -e collect_run_id=<run id>, or bring the "
+                    "laptops not reached back")
+    assert "not reached" not in collect.collect_missing_run({"laptop-a": {"stat": {}}}, {}, "r9", "/b", "/r")
+    held = {**dirs, "laptop-a": {"stat": {"exists": True, "isdir": True}}}
+    assert collect.collect_missing_run(held, {}, "r9", "/b", "/r") == ""
+    home = {"stat": {"isdir": True}}  # collected before
+    assert collect.collect_missing_run(dirs, home, "r9", "/b", "/r") == ""
+
+
+def test_collect_registered_reads_each_hosts_result_in_order():
+    hostvars = {"b": {"__x": {"stat": 1}}, "a": {"__x": {"stat": 2}}, "c": {}}
+    found = collect.collect_registered(["a", "b", "c"], hostvars, "__x")
+    assert found == {"a": {"stat": 2}, "b": {"stat": 1}, "c": {}}
+
+
+def test_statuses_and_the_attach_refusal():
+    running = {"state": "running", "unit_holds_run": True, "run_state": "running"}
+    hostvars = {"a": {"ddp_job_status": running}, "b": {}}
+    assert ddp_job.statuses_of(["a", "b"], hostvars) == {"a": running, "b": None}
+    assert ddp_job.attach_plan(ddp_job.statuses_of(["a", "b"], hostvars), {}, "r1")["problem"] == ""
+    none = ddp_job.attach_plan({"a": None, "b": {"state": "unreachable"}}, {}, "r1")
+    assert none["problem"] == ("no job of run r1 on any trainer; fix: start one with site.yml, or name "
+                               "the run with -e run_id=<run id> (see runs/)")
+    assert "(none: no runs/current" in ddp_job.attach_plan({"a": None}, {}, "")["problem"]
+
+
+def test_no_jinja_logic_left_in_the_collect_and_attach_tasks():
+    tasks = [f"roles/collect/tasks/{t}.yml" for t in ("main", "take", "node")]
+    tasks += [f"roles/ddp_job/tasks/{t}.yml" for t in ("attach", "logs", "table")]
+    for path in tasks:
+        logic = [e.strip() for e in _expressions(path) if LOGIC.search(e)]
+        assert logic == [], (path, logic)
+
+
+def test_collect_journal_argv_takes_the_runs_invocations():
+    import base64
+
+    content = base64.b64encode(b"aa11\nbb22\n\n").decode()
+    assert collect.collect_journal_argv(content, "ddp-lab-agent") == [
+        "journalctl", "--no-pager", "-o", "short-iso", "_SYSTEMD_INVOCATION_ID=aa11",
+        "_SYSTEMD_INVOCATION_ID=bb22", "+", "INVOCATION_ID=aa11", "INVOCATION_ID=bb22"]
+    for nothing in ("", None, base64.b64encode(b"\n").decode()):  # no invocations file, or an empty one
+        assert collect.collect_journal_argv(nothing, "u") == ["journalctl", "--no-pager", "-o", "short-iso",
+                                                              "-u", "u"]
+
+
+def test_collect_newest_checkpoints_snapshot_hosts_and_summary_lines():
+    files = [{"path": "/r/checkpoints/ckpt-00000200.pt"}, {"path": "/r/checkpoints/ckpt-00000100.pt"},
+             {"path": "/r/checkpoints/ckpt-00000300.pt"}]
+    assert collect.collect_newest(files, 1) == ["/r/checkpoints/ckpt-00000300.pt"]
+    assert collect.collect_newest(files, "2") == ["/r/checkpoints/ckpt-00000200.pt",
+                                                  "/r/checkpoints/ckpt-00000300.pt"]
+    assert collect.collect_newest(files, 0) == [] and collect.collect_newest([], 3) == []
+    assert collect.collect_snapshot_hosts(["a", "b"], True) == "a,b"
+    assert collect.collect_snapshot_hosts(["a", "b"], "false") == ""
+    assert collect.collect_summary_lines(["run r1 - finished"], "/runs/r1", True) == [
+        "run r1 - finished", "report: /runs/r1/report.html"]
+    assert collect.collect_summary_lines(["run r1 - finished"], "/runs/r1", False) == ["run r1 - finished"]
