@@ -63,12 +63,13 @@ def test_poweroff_detection_is_one_value_in_kill_node_and_the_summary(tmp_path, 
     collected = summary["faults"][2]
     assert (kill_node["mode"], collected["mode"]) == ("poweroff", "poweroff")
     for key in ("detected_s", "recovered_s", "steps_lost", "restarts", "last_step_before",
-                "world_size_before", "world_size_after", "outcome"):
+                "world_size_before", "world_size_after", "world_size_path", "outcome"):
         assert kill_node[key] == collected[key], key
     assert collected["detected_by"] == "failure on laptop-a"
     assert collected["detected_s"] == pytest.approx(1.865, abs=1e-3)
     # the human summary prints the same value
-    assert "fault poweroff laptop-b: detected 1.9 s, recovered 20.6 s" in sm.human_summary(summary)
+    assert ("fault poweroff laptop-b: world size 3->2, detected 1.9 s, recovered 20.6 s"
+            in sm.human_summary(summary))
 
 
 def test_kill_node_output_names_the_records_it_read_and_the_node_that_was_down(tmp_path, capsys):
@@ -239,3 +240,159 @@ def test_a_nodes_restarts_are_named_for_what_they_count(tmp_path):
     line = ("laptop-a: step 1100, 8511 tok/s, "
             "restarts 1 in the run (0 of its newest agent, as status.yml shows)")
     assert line in sm.human_summary(summary)
+
+
+# ----------------------------------------------------------------------------- issue 14, session 9
+# Fixtures copied from runs/: ``torchelastic_interim_62f9`` (torchelastic, load 15, log_interval 10:
+# kill-agent laptop-a, after which laptop-c formed a group of 1 and trained steps 101-106 alone
+# before laptop-b joined; rejoin, poweroff laptop-b, rejoin, stop, resume) and
+# ``per_step_restarts_2bec`` (per_step: partition laptop-b 30 s, stop, resume, kill-agent laptop-a,
+# its rejoin, poweroff laptop-c, its rejoin).
+TI = FIXTURES / "torchelastic_interim_62f9"
+PR = FIXTURES / "per_step_restarts_2bec"
+
+
+def _kill_agent_of_62f9(tmp_path: Path) -> tuple[Path, dict]:
+    run_dir = copy_run(TI, tmp_path / "run")
+    s = sm.build_summary(run_dir)
+    sm.write_summary(run_dir, s)
+    return run_dir, s["faults"][0]
+
+
+def test_a_recovery_through_an_interim_group_is_measured_as_its_path(tmp_path):
+    """62f9: summary.json said world size 3 -> 2, last_step_before 106 and the lone group's SIGTERM
+    as the cause, while its timeline said 3 -> 1 (step 101) -> 2 (step 106)."""
+    _, f = _kill_agent_of_62f9(tmp_path)
+    assert (f["mode"], f["outcome"]) == ("kill-agent", "recovered")
+    assert f["world_size_path"] == [3, 1, 2]
+    assert (f["world_size_before"], f["world_size_after"]) == (3, 2)
+    (interim,) = f["interim_groups"]
+    assert (interim["world_size"], interim["hosts"], interim["resumed_from_step"], interim["last_step"],
+            interim["steps_trained"]) == (1, ["laptop-c"], 101, 106, 5)
+    assert 0 < interim["started_s"] < interim["stopped_s"] < f["recovered_s"]
+    # the ORIGINAL group stopped at 101 (its failure records); the final group resumed from 106
+    assert (f["last_step_before"], f["resumed_from_step"], f["steps_lost"]) == (101, 106, 0)
+    assert "Terminated" not in f["cause"] and f["cause"].startswith("laptop-c (rank 2): RuntimeError")
+    # the faults without an interim group keep their two-entry path
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert [x["world_size_path"] for x in s["faults"][1:]] == [[2, 3], [3, 2], [2, 3]]
+
+
+def test_kill_nodes_line_and_the_summary_show_the_interim_group(tmp_path, capsys):
+    run_dir, _ = _kill_agent_of_62f9(tmp_path)
+    run = rundir.load_run(run_dir)
+    table = faults.format_table(faults.measure_all(run.events, run.records)[:1])
+    assert "3->1->2" in table and "3->2 " not in table
+    assert "kill-agent laptop-a: via a group of 1 (laptop-c) that trained steps 101->106" in table
+    text = sm.human_summary(json.loads((run_dir / "summary.json").read_text()))
+    assert "fault kill-agent laptop-a: world size 3->1->2" in text
+
+
+def test_the_reports_table_and_plot_show_the_interim_group(tmp_path, monkeypatch):
+    from ddplab.controller.report import html, plots
+
+    run_dir, _ = _kill_agent_of_62f9(tmp_path)
+    run = load_run(run_dir)
+    page = html.render_page(run, [], dict.fromkeys(("loss", "step_time", "world_size", "cpu", "share"),
+                                                   "plots/x.png"), (False, False), 0.2, 10, 0.8)
+    row = page.split("<th>outcome</th></tr>", 1)[1].split("</tr>", 1)[0]
+    assert "3 → 1 → 2" in row and '<td class="n">101</td>' in row
+    assert "via a group of 1 (laptop-c) that trained steps 101 → 106" in html_text(row)
+    (seg,) = data.interim_segments(run)
+    assert (seg.world_size, seg.from_step, seg.to_step) == (1, 101, 106)
+    drawn = []
+    monkeypatch.setattr(plots, "save", lambda fig, out: drawn.append(fig))
+    tx = plots.TimeAxis.for_span(*data.time_span(run))
+    plots.plot_world_size(run, data.faults(run), data.restarts(run), tx, tmp_path / "ws.png")
+    ax = drawn[0].axes[0]
+    assert any(set(line.get_ydata()) == {1} for line in ax.get_lines())
+    assert any("steps 101→106" in t.get_text() for t in ax.texts)
+
+
+def html_text(fragment: str) -> str:
+    import re
+
+    return html.unescape(re.sub(r"<[^>]+>", "", fragment))
+
+
+def test_restarts_are_one_figure_in_the_summary_and_the_report(tmp_path):
+    """2bec (per_step): the report's key figure said 5 restarts (every replica start of the resume
+    counted) where the per-fault restarts add up to 2 (the two rejoins) and each laptop's status
+    said 0 (its newest agent's torchrun restart_count: a different fact, named so)."""
+    from ddplab.controller.report import html
+
+    run_dir = copy_run(PR, tmp_path / "run")
+    s = sm.build_summary(run_dir)
+    sm.write_summary(run_dir, s)
+    assert s["restarts"] == 2 == sum(f["restarts"] for f in s["faults"])
+    assert s["launches"] == ["launch", "resume"]
+    assert all(fig["agent_restarts"] == 0 for fig in s["per_host"].values())
+    run = load_run(run_dir)
+    cards = dict(html.key_figures(run, data.restarts(run), data.faults(run), [], 0.0, 1.0))
+    assert cards["restarts (replica processes started again; launches not counted)"] == "2"
+    assert cards["launches"] == "2 (launch, resume)"
+    # without summary.json the report counts the same
+    (run_dir / "summary.json").unlink()
+    run = load_run(run_dir)
+    cards = dict(html.key_figures(run, data.restarts(run), data.faults(run), [], 0.0, 1.0))
+    assert cards["restarts (replica processes started again; launches not counted)"] == "2"
+    # torchelastic: group re-formations, the resume's start not counted (62f9: 6 before)
+    te = sm.build_summary(copy_run(TI, tmp_path / "te"))
+    assert (te["restarts"], te["launches"]) == (5, ["launch", "resume"])
+
+
+def _band(bands, from_step, to_step):
+    return next(b for b in bands if (b.from_step, b.to_step) == (from_step, to_step))
+
+
+def test_a_band_is_a_faults_only_when_the_faults_window_covers_it():
+    """2bec: a 7.4 s band (steps 150 -> 160) was labelled with a partition injected 0.1 s before
+    its end, and the checkpoint + eval band 15 s after the group had recovered from it (steps
+    200 -> 210, inside the partition's 30 s) was labelled with the partition too."""
+    run = load_run(PR)
+    (partition,) = [f for f in data.faults(run) if f.mode == "partition"]
+    bands = data.no_training_bands(run)
+    assert not any(b.from_step == 150 for b in bands)  # 4 s late: no band without the fault
+    fault_bands = [b for b in bands if b.label == "fault: partition laptop-b"]
+    assert [(b.from_step, b.to_step) for b in fault_bands] == [(160, 163)]
+    assert fault_bands[0].start <= partition.time + partition.recovered_s <= fault_bands[0].end
+    # steps 200 -> 210 (checkpoint + eval inside) came 2.2 s late: under the rule without a fault
+    assert not any(b.from_step == 200 for b in bands)
+    assert _band(bands, 100, 110).label == "checkpoint save + eval"
+
+
+def test_a_launchs_start_up_is_its_own_cause_and_slow_steps_are_not_unknown():
+    """2bec: a 13 s band 14 s after the resume's group started (steps 310 -> 320) was 'unknown';
+    7570: a 10 s band (570 -> 580) whose step records say each step took 0.8-1.3 s was 'unknown',
+    and the rejoin's band stays the rejoin's (not the kill-agent's, recovered 77 s earlier)."""
+    bands = data.no_training_bands(load_run(PR))
+    up = _band(bands, 310, 320)
+    assert (up.cause, up.label) == ("start-up", "start-up after resume")
+    te = data.no_training_bands(load_run(TE))
+    slow = _band(te, 570, 580)
+    assert slow.cause == "slow steps" and slow.label.startswith("slow steps: 1.0 s a step")
+    assert _band(te, 500, 510).label == "fault: rejoin laptop-a"
+    assert "unknown" not in {b.cause for b in bands + te}
+
+
+def test_steps_lost_add_up_over_the_groups_of_the_path(tmp_path):
+    """A synthetic interim group that trained 21-25 and was resumed from a checkpoint of 23 by the
+    final group: 2 steps lost on the way (the original group's emergency checkpoint lost none)."""
+    run = Run(tmp_path)
+    run.start(ABC, T0 - 1)
+    run.steps(ABC, 1, 20, T0)                                   # step 20 at T0+19
+    run.fault("kill-agent", "laptop-a", T0 + 19.5, rank=0)
+    run.failure("laptop-b", T0 + 19.8, 1, 3, step=20)
+    run.failure("laptop-c", T0 + 19.9, 2, 3, step=20)
+    run.start(("laptop-c",), T0 + 24, resumed_from_step=20, restart_count=1)
+    run.steps(("laptop-c",), 21, 25, T0 + 25)
+    run.failure("laptop-c", T0 + 30.5, 0, 1, step=25, saved=False, error="Terminated: stopped by SIGTERM")
+    run.start(("laptop-b", "laptop-c"), T0 + 35, resumed_from_step=23, restart_count=1)
+    run.steps(("laptop-b", "laptop-c"), 24, 30, T0 + 36)
+    (m,) = run.measures()
+    assert (m.outcome, m.world_size_path, m.last_step_before, m.resumed_from_step) == ("recovered", [3, 1, 2],
+                                                                                      20, 23)
+    assert [(g["hosts"], g["resumed_from_step"], g["last_step"], g["steps_trained"])
+            for g in m.interim_groups] == [(["laptop-c"], 20, 25, 5)]
+    assert m.steps_lost == 2 and m.cause == "laptop-c (rank 2): gloo: Connection reset by peer"
+    assert m.recovered_s == pytest.approx(16.5)

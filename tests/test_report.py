@@ -133,6 +133,9 @@ def parse(page: str) -> _Collect:
     return p
 
 
+RESTARTS = "restarts (group re-formed; launches not counted)"  # the key figure's label
+
+
 def test_report_of_a_run_with_faults(tmp_path, capsys):
     run = make_run(tmp_path)
     assert report.main([str(run)]) == 0
@@ -157,7 +160,7 @@ def test_report_of_a_run_with_faults(tmp_path, capsys):
     assert "clock drop laptop-a (rank 0)" in text
     # key figures
     assert "steps completed 200" in text and "val loss: evaluation, step 199 1.710" in text
-    assert "world sizes 3 → 2 → 3" in text and "restarts 2" in text
+    assert "world sizes 3 → 2 → 3" in text and f"{RESTARTS} 2" in text
     # per world size rows and the events table
     # steps at N=2: 81-139 (resumed from step 80; this synthetic run numbers its steps from 0)
     assert re.search(r"\b2 59 [\d.]+ s \d+% \d+%", text) and "SIGKILL" in text
@@ -172,7 +175,7 @@ def test_report_without_summary_derives_figures(tmp_path):
     assert "summary.json is missing" in text and "last step 199" in text
     # faults then come from events.jsonl (those with a mode), the play event is not a fault
     assert "kill laptop-c" in text and "faults injected 2" in text
-    assert "restarts 2" in text
+    assert f"{RESTARTS} 2" in text
 
 
 def test_a_report_build_measures_the_faults_once(tmp_path, monkeypatch, capsys):

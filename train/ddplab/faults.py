@@ -29,17 +29,30 @@ For an injection at time ``T`` (records up to the next injection count for it), 
     again, at ``world_size_after``. A restart that does not change the world size (kill-worker)
     counts, since the step was completed by the new group.
 ``last_step_before``
-    the step the old group had completed when it stopped for the fault: :func:`step_at` the
-    ``start`` of the generation that recovered (``recovered``: the old group's steps in flight
-    after ``T`` and its ``failure`` records, which name the last step whose update finished, come
-    before it), else :func:`step_at` ``T``. :func:`step_at` reads the newest ``step``
-    (committed), ``val``, ``checkpoint``, ``failure`` or ``end`` record (with ``log_interval N``
-    the step records alone lag by up to N-1 steps); the report's "at step" of a fault is this
-    field.
+    the step the ORIGINAL group had completed when it stopped for the fault: :func:`step_at` the
+    ``start`` of the first generation after ``T`` (``recovered``: an interim group's or the
+    recovering one's; the old group's steps in flight after ``T`` and its ``failure`` records,
+    which name the last step whose update finished, come before it), else :func:`step_at` ``T``.
+    :func:`step_at` reads the newest ``step`` (committed), ``val``, ``checkpoint``, ``failure`` or
+    ``end`` record (with ``log_interval N`` the step records alone lag by up to N-1 steps); the
+    report's "at step" of a fault is this field.
+``interim_groups`` / ``world_size_path``
+    torchelastic: the groups that formed after ``T`` and were restarted before the recovering one
+    (:func:`_interim_groups`: ``--nnodes MIN:MAX`` closes a rendezvous round with whoever joined
+    by its last call, so a survivor slower than that can leave a smaller group to train alone
+    until it joins), and the world sizes the recovery went through: ``world_size_before``, each
+    interim group's, ``world_size_after`` (``[3, 1, 2]``).
 ``steps_lost``
-    ``last_step_before - resumed_from_step``, never below 0. ``resumed_from_step`` in a
-    ``start`` record is the number of the last completed step the loaded state contains (0: from
-    scratch), so resuming from an emergency checkpoint of the last completed step loses 0 steps.
+    steps trained and redone on the way (:func:`_steps_lost_on_the_path`): for each group that
+    stopped (the original at ``last_step_before``, each interim group at its ``last_step``) its
+    last step minus the step the next group resumed from, never below 0, summed; without interim
+    groups ``last_step_before - resumed_from_step``. ``resumed_from_step`` in a ``start`` record is
+    the number of the last completed step the loaded state contains (0: from scratch), so resuming
+    from an emergency checkpoint of the last completed step loses 0 steps.
+``cause``
+    the newest ``failure`` record of the original group (after ``T``, before the first new
+    generation: an interim group's teardown is not the fault's cause); without one, or not
+    recovered, the newest ``failure`` record after ``T``.
 ``world_size_before`` / ``world_size_after``
     of the newest step record before ``T`` / of the recovery step.
 ``outcome``
@@ -99,6 +112,8 @@ WorkerKey = tuple[str, int]  # (host, local_rank)
 MODES = ("kill-worker", "kill-agent", "poweroff", "freeze", "partition", "throttle", "rejoin")
 #: faults after which the target is gone until a rejoin: its own records do not count for detection
 GONE_MODES = ("kill-agent", "poweroff")
+#: faults that take their target out of the group (until a rejoin, the end of the duration)
+LEAVING_MODES = (*GONE_MODES, "freeze", "partition")
 #: events.jsonl kinds after which a run's records belong to a new launch (site.yml / resume.yml),
 #: with what each did for a reader (the report's no-training band labels)
 LAUNCH_WORDS = {"launch": "launched", "resume": "resumed"}
@@ -162,6 +177,8 @@ class FaultMeasure:
     cause: str | None = None
     detected_by: str | None = None
     notes: list[str] = field(default_factory=list)
+    world_size_path: list[int] = field(default_factory=list)
+    interim_groups: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict, times rounded to ms."""
@@ -171,7 +188,35 @@ class FaultMeasure:
                 d[k] = round(d[k], 3)
         if d["step_time_ratio"] is not None:
             d["step_time_ratio"] = round(d["step_time_ratio"], 3)
+        for g in d["interim_groups"]:
+            for k in ("started_s", "stopped_s"):
+                g[k] = round(g[k], 3)
         return d
+
+    def path_text(self, arrow: str = "->") -> str:
+        """The world sizes the recovery went through: :func:`path_text` of this measure."""
+        return path_text(self.to_dict(), arrow)
+
+    def interim_text(self, arrow: str = "->") -> str:
+        """The interim groups in words: :func:`interim_text` of this measure."""
+        return interim_text(self.to_dict(), arrow)
+
+
+def path_text(fault: Mapping[str, Any], arrow: str = "->") -> str:
+    """A ``faults`` entry's world sizes in order, e.g. ``3->1->2``: its ``world_size_path`` (an
+    entry written before that field existed: ``world_size_before``, ``world_size_after``); ``-``
+    for an unknown size."""
+    path = fault.get("world_size_path") or [fault.get("world_size_before"), fault.get("world_size_after")]
+    return arrow.join(_fmt(w) for w in path)
+
+
+def interim_text(fault: Mapping[str, Any], arrow: str = "->") -> str:
+    """A ``faults`` entry's interim groups in words, ``via a group of 1 (laptop-c) that trained
+    steps 101->106, then stopped``, joined by ``; ``; empty without one."""
+    return "; ".join(f"via a group of {_fmt(g.get('world_size'))} ({', '.join(g.get('hosts') or [])}) that "
+                     f"trained steps {_fmt(g.get('resumed_from_step'))}{arrow}{_fmt(g.get('last_step'))}, "
+                     "then stopped"
+                     for g in fault.get("interim_groups") or [] if isinstance(g, Mapping))
 
 
 def injections(events: Iterable[Record]) -> list[Injection]:
@@ -313,7 +358,7 @@ def measure(inj: Injection, records: Sequence[Record], until: float | None = Non
         return _per_step(m, inj, recs, last_before)
 
     recovery: tuple[float, Record, _Gen] | None = None
-    for g in new_gens:
+    for g in _recovering_gens(new_gens, inj.node if inj.mode in LEAVING_MODES else None):
         st = _steps(g.records)
         if st:
             first = min(st, key=lambda r: r["time"])
@@ -325,15 +370,20 @@ def measure(inj: Injection, records: Sequence[Record], until: float | None = Non
         m.outcome = "recovered"
         m.recovered_s = t_rec - t0
         m.world_size_after = as_int(step_rec.get("world_size"))
-        # the old group stopped when this generation started: its steps in flight after T and its
-        # failure records (the last step whose update finished) come before that
-        m.last_step_before = last_done = step_at([r for r in recs if r["time"] < gen.start_time],
-                                                 gen.start_time)
+        # the ORIGINAL group stopped when the first generation after T started (an interim group's,
+        # or the recovering one's): its steps in flight after T and its failure records (the last
+        # step whose update finished) come before that
+        first_start = min(g.start_time for g in new_gens)
+        m.last_step_before = step_at([r for r in recs if r["time"] < first_start], first_start)
+        original_failures = [r for r in failures_after if r["time"] < first_start]
+        if original_failures:  # the interim groups' teardown is no cause of the fault
+            f = original_failures[-1]
+            m.cause = f"{f.get('host')} (rank {f.get('rank')}): {f.get('error')}"
+        m.interim_groups = _interim_groups(new_gens, gen, t0)
         resumed = as_int(gen.start.get("resumed_from_step")) if gen.start else None
         m.resumed_from_step = resumed
-        if last_done is not None and resumed is not None:
-            m.steps_lost = max(0, last_done - resumed)
-        elif resumed is None:
+        m.steps_lost = _steps_lost_on_the_path(m.last_step_before, m.interim_groups, resumed)
+        if resumed is None:
             m.notes.append("start record without resumed_from_step: steps_lost unknown")
         first_after_any = t_rec
     else:
@@ -361,11 +411,104 @@ def measure(inj: Injection, records: Sequence[Record], until: float | None = Non
     return _stall_and_slowdown(m, inj, recs, last_before, first_after_any)
 
 
+def _round_of(gen: _Gen, rounds: Sequence[_Gen]) -> _Gen | None:
+    """The group (re)start ``gen`` belongs to: among ``rounds`` (the generations of rank 0, one per
+    group formed by a rendezvous round), the one of the same world size that started nearest in
+    time (the workers of one round start within a second of each other)."""
+    ws = as_int(gen.start.get("world_size")) if gen.start else None
+    same = [r for r in rounds if r.start and as_int(r.start.get("world_size")) == ws]
+    return min(same, key=lambda r: abs(r.start_time - gen.start_time), default=None)
+
+
+def _recovering_gens(new_gens: Sequence[_Gen], target: str | None = None) -> list[_Gen]:
+    """The generations after ``T`` whose first completed step can be the recovery: those of the
+    group the fault led to. Groups are the rounds of rank-0 generations (:func:`_round_of`); the
+    recovering group is the first of the last run of groups at one world size that completed a
+    step, so a smaller group that trained and was restarted when a latecomer joined (3 -> 1 -> 2)
+    is an interim group, and a later restart at the same size is no new recovery. ``target``: the
+    node a fault of :data:`LEAVING_MODES` took away; a group with it again is the target back (a
+    freeze's thaw), not the recovery from its leaving. Every generation when no rank-0 ``start``
+    record is among them."""
+    members: dict[int, list[_Gen]] = defaultdict(list)
+    all_rounds = [g for g in new_gens if g.start and as_int(g.start.get("rank")) == 0]
+    for g in new_gens:
+        if (r := _round_of(g, all_rounds)) is not None:
+            members[id(r)].append(g)
+    rounds = sorted((r for r in all_rounds if target not in {g.key[0] for g in members[id(r)]}),
+                    key=lambda g: g.start_time)
+    if not rounds:
+        return list(new_gens)
+    stepped = [i for i, r in enumerate(rounds) if any(_steps(g.records) for g in members[id(r)])]
+    if not stepped:
+        return list(new_gens)
+    i = stepped[-1]
+
+    def ws(r: _Gen) -> int | None:
+        return as_int(r.start.get("world_size")) if r.start else None
+
+    while i > 0 and ws(rounds[i - 1]) == ws(rounds[i]) and (i - 1) in stepped:
+        i -= 1
+    return members[id(rounds[i])]
+
+
+def _interim_groups(new_gens: Sequence[_Gen], recovering: _Gen, t0: float) -> list[dict[str, Any]]:
+    """The groups formed after the injection at ``t0`` and stopped before the one that recovered
+    (``recovering``: the generation of the recovery step): ``[{world_size, hosts, started_s,
+    stopped_s, resumed_from_step, last_step, steps_trained}]`` in time order, times in s after
+    ``t0``. torchelastic's ``--nnodes=MIN:MAX`` closes a rendezvous round with whoever joined by
+    its last call, so after a fault a group smaller than the final one can form, train, and be
+    restarted when the next node joins. ``last_step``: :func:`step_at` over the group's own records
+    (its SIGTERM ``failure``/``checkpoint`` records name it; ``resumed_from_step`` when it wrote
+    none); ``steps_trained`` = ``last_step - resumed_from_step``."""
+    rounds = [g for g in new_gens if g.start and as_int(g.start.get("rank")) == 0]
+    final = _round_of(recovering, rounds)
+    if final is None:
+        return []
+    members: dict[int, list[_Gen]] = defaultdict(list)
+    for g in new_gens:
+        r = _round_of(g, rounds)
+        if r is not None:
+            members[id(r)].append(g)
+    out = []
+    for r in sorted((r for r in rounds if r.start_time < final.start_time and r is not final),
+                    key=lambda r: r.start_time):
+        gens = members[id(r)]
+        own = [x for g in gens for x in g.records]
+        resumed = as_int(r.start.get("resumed_from_step")) if r.start else None
+        last = step_at(own, math.inf)
+        last = resumed if last is None else last
+        out.append({
+            "world_size": as_int(r.start.get("world_size")) if r.start else None,
+            "hosts": sorted({g.key[0] for g in gens}),
+            "started_s": min(g.start_time for g in gens) - t0,
+            "stopped_s": max([x["time"] for x in own] + [r.start_time]) - t0,
+            "resumed_from_step": resumed, "last_step": last,
+            "steps_trained": max(0, last - resumed) if last is not None and resumed is not None else None,
+        })
+    return out
+
+
+def _steps_lost_on_the_path(last_step_before: int | None, interim: Sequence[Mapping[str, Any]],
+                            resumed: int | None) -> int | None:
+    """Steps trained and then redone over a recovery's path: for every group that stopped (the
+    original one at ``last_step_before``, then each interim group at its ``last_step``), its last
+    step minus the step the next group resumed from (never below 0), summed; None when a step is
+    unknown. Without interim groups: ``last_step_before - resumed_from_step``."""
+    stops = [last_step_before, *(g["last_step"] for g in interim)]
+    starts = [*(g["resumed_from_step"] for g in interim), resumed]
+    if any(x is None for x in (*stops, *starts)):
+        return None
+    return sum(max(0, a - b) for a, b in zip(stops, starts, strict=True))
+
+
 def _stall_and_slowdown(m: FaultMeasure, inj: Injection, recs: Sequence[Record], last_before: Record | None,
                         first_after_any: float | None) -> FaultMeasure:
     """Fill ``stall_s`` (longest gap between completed steps from the last one before the fault to
-    ``first_after_any``) and ``step_time_ratio`` (faults with a duration) of ``m``; returns it."""
+    ``first_after_any``), ``step_time_ratio`` (faults with a duration) and ``world_size_path`` of
+    ``m``; returns it."""
     t0 = inj.time
+    m.world_size_path = [m.world_size_before, *(g["world_size"] for g in m.interim_groups),
+                         m.world_size_after]
     if last_before is not None and first_after_any is not None:
         times = [r["time"] for r in _steps(recs) if last_before["time"] <= r["time"] <= first_after_any]
         m.stall_s = _max_gap(times)
@@ -519,7 +662,7 @@ def format_table(measures: Sequence[FaultMeasure]) -> str:
     """A fixed-width text table, one line per injection, then a cause line per failed one."""
     rows = [list(_COLUMNS)]
     for m in measures:
-        world = f"{_fmt(m.world_size_before)}->{_fmt(m.world_size_after)}"
+        world = m.path_text()
         rows.append([m.mode, m.node, _fmt(m.rank), world, _fmt(m.detected_s), _fmt(m.recovered_s),
                      _fmt(m.steps_lost), _fmt(m.stall_s), m.outcome])
     widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
@@ -527,6 +670,8 @@ def format_table(measures: Sequence[FaultMeasure]) -> str:
     for m in measures:
         if m.step_time_ratio is not None and m.mode == "throttle":
             lines.append(f"{m.mode} {m.node}: steps {m.step_time_ratio:.2f}x slower while throttled")
+        if m.interim_groups:
+            lines.append(f"{m.mode} {m.node}: {m.interim_text()}")
         if m.outcome == "not_recovered":
             lines.append(f"{m.mode} {m.node}: not recovered - {m.cause}")
     return "\n".join(lines)

@@ -40,9 +40,15 @@ Definitions (all times unix seconds, from the nodes' clocks):
     generation, so its records are one clean series): an entry at the first record and whenever
     ``world_size`` changes.
 ``restarts``
-    torchelastic: how many times the group re-formed (rank-0 ``start`` records minus one);
-    per_step (no group restart): worker processes started again (``start`` records beyond each
-    worker's first).
+    :func:`restarts_within_launches`: how many times training was started again within a launch,
+    the launches themselves (site.yml, resume.yml) not counted. torchelastic: the group re-formed
+    (rank-0 ``start`` records beyond the first of each launch; an interim group a fault's recovery
+    passed through counts); per_step (no group restart): a replica's worker started again
+    (``start`` records beyond each worker's first of each launch). Not the per-laptop
+    ``restart_count`` that status.yml shows (torchrun's count for one agent; ``per_host``).
+``launches``
+    the kinds of the run's ``launch``/``resume`` events in time order (``["launch"]`` when a run
+    with start records has none).
 ``engine``
     the recovery engine of the newest ``start`` record: torchelastic (also when none names one) or
     per_step; under per_step ``world_size`` in the timeline is the participants of each committed step.
@@ -73,7 +79,7 @@ from ddplab.controller.rundir import (
     RunFolder,
     RunFolderError,
     cut_off_nodes,
-    group_restarts,
+    group_starts,
     load_run,
     read_json,
     run_outcome,
@@ -177,10 +183,34 @@ def run_engine(records: Iterable[Record]) -> str:
     return str(starts[-1].get("engine") or "torchelastic") if starts else "torchelastic"
 
 
-def process_restarts(records: Iterable[Record]) -> int:
-    """Worker processes started again: ``start`` records beyond the first of each (host, local_rank)."""
-    starts = events_of(records, "start")
-    return len(starts) - len({(r.get("host"), as_int(r.get("local_rank")) or 0) for r in starts})
+def launches(events: Iterable[Record], records: Iterable[Record] = ()) -> list[str]:
+    """The kinds (``launch``, ``resume``) of the run's launch events in time order; ``["launch"]``
+    when there is none but a ``start`` record (a run folder without events.jsonl); [] else."""
+    kinds = [str(e["kind"]) for e in sorted((e for e in events if e.get("kind") in faults.LAUNCH_KINDS
+                                              and num(e.get("time")) is not None), key=lambda e: e["time"])]
+    return kinds or (["launch"] if events_of(records, "start") else [])
+
+
+def restarts_within_launches(records: Sequence[Record], events: Iterable[Record]) -> int:
+    """The run's ``restarts`` (module docstring): training started again within a launch, a launch
+    or resume not counted. The records of one launch are those from its ``launch``/``resume``
+    event (:data:`ddplab.faults.LAUNCH_KINDS`) to the next; records before the first event (or
+    all, without events) are one launch. torchelastic: rank-0 ``start`` records
+    (:func:`ddplab.controller.rundir.group_starts`) beyond the first of each launch; per_step:
+    ``start`` records beyond the first of each worker (host, local_rank) in each launch. Under
+    per_step this equals the sum of the faults' ``restarts`` when every restart followed a fault."""
+    marks = sorted(t for e in events
+                   if e.get("kind") in faults.LAUNCH_KINDS and (t := num(e.get("time"))) is not None)
+
+    def launch_of(t: float) -> int:
+        return sum(1 for m in marks if m <= t)
+
+    if run_engine(records) == "per_step":
+        keys = [(launch_of(t), r.get("host"), as_int(r.get("local_rank")) or 0)
+                for r in events_of(records, "start") if (t := num(r.get("time"))) is not None]
+        return len(keys) - len(set(keys))
+    per_launch = [launch_of(g.time) for g in group_starts(records)]
+    return len(per_launch) - len(set(per_launch))
 
 
 def find_stragglers(records: Sequence[Record]) -> list[dict[str, Any]]:
@@ -258,7 +288,8 @@ def build_summary(run_dir: str | Path, hosts: Sequence[str] | None = None,
         "wall_s": wall_seconds(records),
         "world_size_timeline": world_size_timeline(records),
         "engine": engine,
-        "restarts": group_restarts(records) if engine == "torchelastic" else process_restarts(records),
+        "restarts": restarts_within_launches(records, run.events),
+        "launches": launches(run.events, records),
         "faults": measure_faults(run),
         "cut_off": cut_off_nodes(per_host, run.events),
         "batch_policy": next(
@@ -333,11 +364,17 @@ def human_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None)
             + " -> ".join(f"{e['world_size']} (step {e['step']})" for e in tl)
             + (f"; processes restarted: {summary.get('restarts', 0)} (engine per_step)"
                if summary.get("engine") == "per_step" else f"; group restarts: {summary.get('restarts', 0)}")
+            + " within launches"
+            + (f" ({', '.join(summary['launches'])})" if len(summary.get("launches") or []) > 1 else "")
         )
+    size = "participants" if summary.get("engine") == "per_step" else "world size"
     for f in summary.get("faults") or []:
+        via = faults.interim_text(f)
         lines.append(
-            f"fault {f.get('mode')} {f.get('node')}: detected {fmt(num(f.get('detected_s')), '.1f')} s, "
+            f"fault {f.get('mode')} {f.get('node')}: {size} {faults.path_text(f)}, "
+            f"detected {fmt(num(f.get('detected_s')), '.1f')} s, "
             f"recovered {fmt(num(f.get('recovered_s')), '.1f')} s, steps lost {f.get('steps_lost', '-')}"
+            + (f" ({via})" if via else "")
         )
     for c in summary.get("cut_off") or []:
         lines.append(cut_off_line(c))

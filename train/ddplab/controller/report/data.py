@@ -26,7 +26,7 @@ from ddplab.controller.rundir import (
     world_size_timeline,
 )
 from ddplab.controller.summary import cut_off_line, final_evaluation, measure_faults
-from ddplab.faults import LAUNCH_WORDS, STOP_KIND, is_per_step
+from ddplab.faults import LAUNCH_WORDS, STOP_KIND, interim_text, is_per_step
 from ddplab.faults import step_at as fault_step_at
 from ddplab.records import as_int, by_time, num
 
@@ -143,7 +143,20 @@ class Fault:
     world_size_after: Any = None
     outcome: str = ""
     duration_s: float | None = None
-    last_step_before: int | None = None  # the step completed at the injection, as measured
+    last_step_before: int | None = None  # the step the original group had completed when it stopped
+    world_size_path: tuple[Any, ...] = ()  # the world sizes of the recovery, e.g. (3, 1, 2)
+    interim_groups: tuple[dict[str, Any], ...] = ()  # groups formed and stopped on the way (ddplab.faults)
+
+    @property
+    def ws_text(self) -> str:
+        """The recovery's world sizes for the page, e.g. ``3 → 1 → 2`` (``—`` when none is known)."""
+        path = list(self.world_size_path) or [self.world_size_before, self.world_size_after]
+        return "—" if all(w is None for w in path) else " → ".join("?" if w is None else str(w) for w in path)
+
+    @property
+    def interim_text(self) -> str:
+        """The interim groups in words (:func:`ddplab.faults.interim_text`), '' without one."""
+        return interim_text({"interim_groups": list(self.interim_groups)}, " → ")
 
 
 _SOURCE_REF = re.compile(r"\[[^\]\s]*/[^\]\s]*:\d+\]\s*")
@@ -189,7 +202,9 @@ def faults(run: RunFolder) -> list[Fault]:
         return [Fault(str(f.get("mode", "?")), str(f.get("node", "?")), f.get("rank"),
                       num(f.get("injected_at")), num(f.get("detected_s")), num(f.get("recovered_s")),
                       f.get("steps_lost"), f.get("world_size_before"), f.get("world_size_after"), _outcome(f),
-                      num(f.get("duration_s")), as_int(f.get("last_step_before")))
+                      num(f.get("duration_s")), as_int(f.get("last_step_before")),
+                      tuple(f.get("world_size_path") or ()),
+                      tuple(g for g in f.get("interim_groups") or () if isinstance(g, dict)))
                 for f in src if isinstance(f, dict)]
     return [Fault(str(e.get("mode")), str(e.get("node", "?")), e.get("rank"), num(e.get("time")),
                   outcome="not measured (no summary.json faults)", duration_s=num(e.get("duration_s")))
@@ -206,6 +221,37 @@ def fault_step(run: RunFolder, f: Fault) -> int | None:
     """The step a fault hit: its measured ``last_step_before`` (summary.json's value, a failure
     record's step included), else :func:`step_at` its time."""
     return f.last_step_before if f.last_step_before is not None else step_at(run, f.time)
+
+
+@dataclass(frozen=True)
+class InterimSegment:
+    """An interim group a fault's recovery passed through (:func:`ddplab.faults.measure`'s
+    ``interim_groups``): from ``start`` to ``end`` (unix s) at ``world_size`` on ``hosts``, training
+    steps ``from_step`` to ``to_step``; ``fault`` names the fault (``kill-agent laptop-a``)."""
+
+    start: float
+    end: float
+    world_size: int
+    from_step: int | None
+    to_step: int | None
+    hosts: tuple[str, ...]
+    fault: str
+
+
+def interim_segments(run: RunFolder) -> list[InterimSegment]:
+    """The interim groups of every fault of :func:`faults`, in time order (what the world-size plot
+    draws between the fault and its recovery: the step records of a short-lived group are often
+    none, with ``log_interval`` > 1)."""
+    out = []
+    for f in faults(run):
+        for g in f.interim_groups:
+            a, b, ws = num(g.get("started_s")), num(g.get("stopped_s")), as_int(g.get("world_size"))
+            if f.time is None or a is None or b is None or ws is None:
+                continue
+            out.append(InterimSegment(f.time + a, f.time + b, ws, as_int(g.get("resumed_from_step")),
+                                      as_int(g.get("last_step")), tuple(g.get("hosts") or ()),
+                                      f"{f.mode} {f.node}"))
+    return sorted(out, key=lambda x: x.start)
 
 
 def world_size_points(run: RunFolder) -> list[tuple[float, int]]:
@@ -228,8 +274,12 @@ BAND_K = 20.0
 BAND_MIN_S = 2.0
 #: a stop event this much before a band still explains it (the agents stop after their current step)
 STOP_SLACK_S = 60.0
+#: a launch's start-up: a band beginning this long after the launch's first ``start`` record is
+#: still its start-up (measured: the recorded lab runs 2bec, 8b3d, c527 ran 2-4 median step times a
+#: step for 80-110 s after their start records while the launch play was still running)
+STARTUP_S = 120.0
 #: what caused a band, in the order a cause is chosen when several fit (:func:`no_training_bands`)
-BAND_CAUSES = ("fault", "stop", "restart", "checkpoint save", "eval", "unknown")
+BAND_CAUSES = ("fault", "stop", "restart", "checkpoint save", "eval", "start-up", "slow steps", "unknown")
 
 
 @dataclass(frozen=True)
@@ -272,14 +322,48 @@ def median_step_s(steps: Sequence[Record]) -> float | None:
     return statistics.median(per) if len(per) >= 2 else None
 
 
-def _band_cause(run: RunFolder, a: float, b: float, fl: Sequence[Fault]) -> tuple[str, str]:
-    """(cause, label) of the stretch without training from ``a`` to ``b`` (see :func:`no_training_bands`)."""
+def fault_window(f: Fault, fl: Sequence[Fault]) -> tuple[float, float] | None:
+    """(from, to) unix s while fault ``f`` held the training: its injection to its recovery
+    (``recovered_s``: the group trains again, even if the fault itself lasts longer), else to the
+    end of its ``duration_s`` (a freeze or partition the group rode out), else, not recovered, to
+    the next fault of ``fl`` (open-ended without one). None without an injection time."""
+    if f.time is None:
+        return None
+    if f.recovered_s is not None:
+        return f.time, f.time + f.recovered_s
+    if f.duration_s is not None:
+        return f.time, f.time + f.duration_s
+    later = [g.time for g in fl if g.time is not None and g.time > f.time]
+    return f.time, min(later, default=math.inf)
+
+
+def _launch_starts(run: RunFolder) -> list[tuple[float, str]]:
+    """(time of the first ``start`` record after each launch/resume event, its kind), by time."""
+    marks = sorted((t, str(e["kind"])) for e in run.events
+                   if e.get("kind") in LAUNCH_WORDS and (t := num(e.get("time"))) is not None)
+    starts = sorted(t for r in run.by_event("start") if (t := num(r.get("time"))) is not None)
+    out = []
+    for i, (t, kind) in enumerate(marks):
+        nxt = marks[i + 1][0] if i + 1 < len(marks) else math.inf
+        first = next((s for s in starts if t <= s < nxt), None)
+        if first is not None:
+            out.append((first, kind))
+    return out
+
+
+def _band_cause(run: RunFolder, ra: Record, rb: Record, excess: float,
+                fl: Sequence[Fault]) -> tuple[str, str]:
+    """(cause, label) of the stretch without training between the step records ``ra`` and ``rb``,
+    ``excess`` s later than the median step time predicts (see :func:`no_training_bands`)."""
+    a, b = float(ra["time"]), float(rb["time"])
+    covered = []
     for f in fl:
-        if f.time is None:
-            continue
-        until = f.time + max(f.recovered_s or 0.0, f.duration_s or 0.0)
-        if f.time <= b and until >= a:
-            return "fault", f"fault: {f.mode} {f.node}"
+        w = fault_window(f, fl)
+        if w is not None and (overlap := min(b, w[1]) - max(a, w[0])) >= excess / 2:
+            covered.append((overlap, f))
+    if covered:
+        f = max(covered, key=lambda x: x[0])[1]
+        return "fault", f"fault: {f.mode} {f.node}"
     # stop.yml records its event before the agents finish their step and stop: up to STOP_SLACK_S earlier
     words = {STOP_KIND: "stopped", **LAUNCH_WORDS}
     marks = sorted((t, e["kind"]) for e in run.events if e.get("kind") in words and (t := num(e.get("time")))
@@ -293,14 +377,22 @@ def _band_cause(run: RunFolder, a: float, b: float, fl: Sequence[Fault]) -> tupl
     found = [c for c, ev in (("checkpoint save", "checkpoint"), ("eval", "val")) if ev in inside]
     if found:
         return found[0], " + ".join(found)
+    up = [kind for t, kind in _launch_starts(run) if t <= a <= t + STARTUP_S]
+    if up:
+        return "start-up", f"start-up after {up[-1]}"
+    own = [v for r in (ra, rb) if (v := num(r.get("step_time_s"))) is not None]
+    per = (b - a) / max(rb["step"] - ra["step"], 1)
+    if own and per <= max(own):
+        return "slow steps", f"slow steps: {per:.1f} s a step (step records: {min(own):.2f}-{max(own):.2f} s)"
     return "unknown", "unknown"
 
 
 def band_rule(k: float = BAND_K, min_s: float = BAND_MIN_S) -> str:
     """:func:`no_training_bands`' rule in words, for the report's page (one sentence, no period)."""
     return (f"the next committed step came later than the run's median step time predicts by more than "
-            f"{k:g} median step times and {min_s:g} s, or, while a fault was being recovered from, by more "
-            f"than one median step time and {min_s:g} s")
+            f"{k:g} median step times and {min_s:g} s, or, when a fault's window (injection to recovery, "
+            f"or its duration) covers at least half of that delay, by more than one median step time and "
+            f"{min_s:g} s")
 
 
 def no_training_bands(run: RunFolder, k: float = BAND_K, min_s: float = BAND_MIN_S) -> list[Band]:
@@ -308,12 +400,15 @@ def no_training_bands(run: RunFolder, k: float = BAND_K, min_s: float = BAND_MIN
 
     Between two consecutive committed step records (:func:`progress_records`) ``s`` steps apart,
     ``s`` x the median step time (:func:`median_step_s`) is expected; a gap longer than that by
-    more than ``k`` median step times and ``min_s`` seconds is a band, and so is any gap longer
-    than expected by more than ``min_s`` (and one step time) that overlaps a fault's time to
-    recovery (injection to ``recovered_s``, or its ``duration_s``). Cause, the first that fits:
-    ``fault`` (that overlap), ``stop`` (a stop, resume or launch event inside; a stop event up to
-    :data:`STOP_SLACK_S` before), ``restart`` (a start or failure record inside, no fault),
-    ``checkpoint save`` / ``eval`` (a checkpoint / val record inside), else ``unknown``.
+    more than ``k`` median step times and ``min_s`` seconds is a band, and so is a gap longer than
+    expected by more than ``min_s`` (and one step time) when a fault's window
+    (:func:`fault_window`) overlaps it by at least half of that delay. Cause, the first that fits:
+    ``fault`` (that overlap; the fault overlapping most), ``stop`` (a stop, resume or launch event
+    inside; a stop event up to :data:`STOP_SLACK_S` before), ``restart`` (a start or failure record
+    inside, no fault), ``checkpoint save`` / ``eval`` (a checkpoint / val record inside),
+    ``start-up`` (the band begins within :data:`STARTUP_S` of a launch's or resume's first start
+    record), ``slow steps`` (the time a step, gap / steps, is no more than the ``step_time_s`` of
+    a bounding step record: training went on, slower), else ``unknown``.
     [] with fewer than three step records. Raises ValueError for ``k`` <= 0.
     """
     if k <= 0:
@@ -329,7 +424,7 @@ def no_training_bands(run: RunFolder, k: float = BAND_K, min_s: float = BAND_MIN
         excess = (tb - ta) - max(b["step"] - a["step"], 0) * med
         if excess <= max(med, min_s):
             continue
-        cause, label = _band_cause(run, ta, tb, fl)
+        cause, label = _band_cause(run, a, b, excess, fl)
         if excess > k * med or cause == "fault":
             out.append(Band(ta, tb, a["step"], b["step"], cause, label))
     return out

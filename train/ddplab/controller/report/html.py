@@ -29,7 +29,8 @@ from ddplab.controller.report.data import (
     ws_sequence,
 )
 from ddplab.controller.rundir import RunFolder
-from ddplab.records import num
+from ddplab.controller.summary import launches, restarts_within_launches
+from ddplab.records import as_int, num
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 
@@ -106,7 +107,8 @@ def key_figures(run: RunFolder, rs: list[Restart], fl: list[Fault],
         ("wall time", _fmt_wall(num(s.get("wall_s")) or (t1 - t0 if steps else None))),
         ("nodes", f"{len(hosts)}: {', '.join(map(str, hosts))}" if hosts else "—"),
         ("world sizes", " → ".join(str(w) for w in ws_sequence(run)) or "—"),
-        ("restarts", str(s.get("restarts", sum(1 for r in rs if not r.initial)))),
+        restarts_figure(run, rs),
+        ("launches", _launches(run)),
         ("faults injected", str(len(fl))),
         ("batch policy", str(s.get("batch_policy") or start.get("batch_policy") or "—")),
         ("model", _fmt_params(params)),
@@ -114,6 +116,25 @@ def key_figures(run: RunFolder, rs: list[Restart], fl: list[Fault],
         ("stragglers", ", ".join(sorted({f.host for f in findings})) or "none"),
     ]
     return figures
+
+
+def restarts_figure(run: RunFolder, rs: list[Restart]) -> tuple[str, str]:
+    """The restarts card, labelled with what it counts: summary.json's ``restarts`` rule
+    (:func:`ddplab.controller.summary.restarts_within_launches`) on the run's records, so the live
+    and the final page and summary.json agree; without records, summary.json's value (else the
+    non-initial starts of ``rs``)."""
+    what = ("replica processes started again" if engine(run) == "per_step" else "group re-formed")
+    if run.records:
+        n = restarts_within_launches(run.records, run.events)
+    else:
+        n = as_int(run.summary.get("restarts"))
+        n = sum(1 for r in rs if not r.initial) if n is None else n
+    return f"restarts ({what}; launches not counted)", str(n)
+
+
+def _launches(run: RunFolder) -> str:
+    kinds = launches(run.events, run.records)
+    return f"{len(kinds)} ({', '.join(kinds)})" if len(kinds) > 1 else str(len(kinds))
 
 
 def live_banner(run: RunFolder, now: float | None = None) -> str:
@@ -142,15 +163,12 @@ def render_page(run: RunFolder, findings: list[straggler.StragglerFinding], plot
     live = refresh_s is not None
     recoveries = []
     for f in fl:
-        ws = "—"
-        if f.world_size_before is not None or f.world_size_after is not None:
-            ws = f"{f.world_size_before if f.world_size_before is not None else '?'} → " \
-                 f"{f.world_size_after if f.world_size_after is not None else '?'}"
         recoveries.append({
             "mode": f.mode, "node": f.node, "rank": "—" if f.rank is None else f.rank,
             "injected": _fmt_clock(f.time, t0), "step": first_set(fault_step(run, f), "—"),
             "detected": _fmt_s(f.detected_s), "recovered": _fmt_s(f.recovered_s),
-            "steps_lost": "—" if f.steps_lost is None else f.steps_lost, "ws": ws, "outcome": f.outcome,
+            "steps_lost": "—" if f.steps_lost is None else f.steps_lost, "ws": f.ws_text,
+            "outcome": "; ".join(x for x in (f.outcome, f.interim_text) if x),
         })
     status, status_class = run_status(run, fl, findings, live=live)
     known = {"time", "kind", "mode", "node"}

@@ -20,6 +20,7 @@ from ddplab.controller.report.data import (
     engine,
     fault_step,
     faults,
+    interim_segments,
     loss_per_step,
     no_training_bands,
     restarts,
@@ -214,7 +215,8 @@ def plot_step_time(run: RunFolder, findings: list[straggler.StragglerFinding], m
 
 #: band colour per cause (data.BAND_CAUSES)
 BAND_COLORS = {"fault": "crimson", "stop": "gray", "restart": "darkorange", "checkpoint save": "tab:blue",
-               "eval": "tab:green", "unknown": "tab:purple"}
+               "eval": "tab:green", "start-up": "tab:cyan", "slow steps": "tab:olive",
+               "unknown": "tab:purple"}
 
 
 def _band_texts(bands: Sequence[Band]) -> list[str]:
@@ -249,6 +251,12 @@ def plot_world_size(run: RunFolder, fl: list[Fault], rs: list[Restart], tx: Time
             ax.text(mid, 0.55 - 0.22 * lv, text, fontsize=8, transform=ax.get_xaxis_transform(), ha="center",
                     va="center", color=colour, bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.75,
                                                      "pad": 0.5})
+    for g in interim_segments(run):  # a group formed and stopped on the way to a fault's recovery
+        ax.plot([tx(g.start), tx(g.end)], [g.world_size, g.world_size], color="tab:blue", lw=2, ls="--")
+        steps = f"steps {g.from_step}→{g.to_step}" if g.from_step is not None else "no step"
+        ax.text(tx(g.end), g.world_size, f" N={g.world_size} ({', '.join(g.hosts)}): {steps}", fontsize=8,
+                va="bottom", ha="left", color="tab:blue",
+                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.75, "pad": 0.5})
     t_lo, t_hi = (tl[0][0], tl[-1][0]) if tl else (tx.t0, tx.t0)
     for e in run.events:
         t = num(e.get("time"))
