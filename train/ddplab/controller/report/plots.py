@@ -252,7 +252,8 @@ def plot_world_size(run: RunFolder, fl: list[Fault], rs: list[Restart], tx: Time
                     va="center", color=colour, bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.75,
                                                      "pad": 0.5})
     for g in interim_segments(run):  # a group formed and stopped on the way to a fault's recovery
-        ax.plot([tx(g.start), tx(g.end)], [g.world_size, g.world_size], color="tab:blue", lw=2, ls="--")
+        ax.plot([tx(g.start), tx(g.end)], [g.world_size, g.world_size], color="tab:blue", lw=2, ls="--",
+                marker="o", ms=4)  # seconds long on a run of minutes: the markers keep it visible
         steps = f"steps {g.from_step}→{g.to_step}" if g.from_step is not None else "no step"
         ax.text(tx(g.end), g.world_size, f" N={g.world_size} ({', '.join(g.hosts)}): {steps}", fontsize=8,
                 va="bottom", ha="left", color="tab:blue",
