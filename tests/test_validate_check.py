@@ -580,3 +580,81 @@ def test_given_names_an_e_template_each_host_renders_its_own_way():
     records = vc.given(SPECS, hosts, {}, RULES, KEYS, [], 3, DEFAULTS, ["ddp_job_max_steps"])
     lines = [r["detail"] for r in records]
     assert lines[0].startswith("t-a: ddp_job_max_steps='abc' (-e, as rendered there): argument"), lines
+
+
+# --------------------------------------------------------------------------- one home of the skip rules
+
+def _settings_task(**task):
+    """The settings checks of tasks/main.yml, every one with good arguments, run by the plugin with
+    the task-level ``task`` arguments (ActionBase.run stubbed by ``no_base_run``): the names of the
+    records it returns."""
+    checks = [
+        {"check": "ranges", "args": {"values": {"rendezvous_port": 29400}, "rules": RULES}},
+        {"check": "rdzv_conf", "args": {"conf": {"join_timeout": 60}, "keys": KEYS}},
+        {"check": "nnodes", "args": {"min": 1, "max": 3, "trainers": 3}},
+        {"check": "train_config", "args": {"dataset_sha256": SUM, "overrides": {}, "preset": "tiny"}},
+        {"check": "engine",
+         "args": {"fault_tolerance": "torchelastic", "worker_argv": [], "nproc_per_node": 1}},
+        {"check": "governor", "args": {"governor": "performance", "known": ["performance"]}},
+        {"check": "torch_version", "args": {"version": "2.13.0"}},
+    ]
+    action = vc.ActionModule.__new__(vc.ActionModule)
+    action._task = type("Task", (), {"args": {"checks": checks, **task}})()
+    return [r["check"] for r in action.run(task_vars={"inventory_hostname": "t-a"})["records"]]
+
+
+@pytest.fixture
+def no_base_run(monkeypatch):
+    monkeypatch.setattr(vc.ActionBase, "run", lambda self, tmp=None, task_vars=None: {})
+
+
+def test_the_skip_rules_of_the_settings_checks_have_one_home(no_base_run):
+    """tasks/main.yml spelled each check's skip rule in Jinja beside the plugin's JOINT table (issue
+    14 review): the task now passes the settings whose type failed, the resume and the inventory's
+    verdict, and the plugin leaves out what :func:`left_out` says, as :func:`given` does."""
+    everything = ["ranges", "rdzv_conf", "nnodes", "train_config", "engine", "governor", "torch_version"]
+    assert _settings_task() == everything
+    for check, inputs in vc.SETTINGS.items():
+        for name in inputs.values():
+            assert _settings_task(bad_types=[name]) == [c for c in everything if c != check], name
+    assert "train_config" not in _settings_task(resume_run_id="r1", run_train=True)
+    assert "train_config" in _settings_task(resume_run_id="r1", run_train=False)  # no train part here
+    assert "train_config" in _settings_task(resume_run_id="", run_train=True)
+    assert "nnodes" not in _settings_task(inventory_ok=False)
+    assert vc.left_out("nnodes", [], inventory_ok=False) and not vc.left_out("reach", ["ddp_job_rdzv_conf"])
+
+
+def test_ranges_skip_the_settings_whose_type_failed(no_base_run):
+    action = vc.ActionModule.__new__(vc.ActionModule)
+    check = {"check": "ranges", "args": {"values": {"rendezvous_port": "x"}, "rules": RULES}}
+    action._task = type("Task", (), {"args": {"checks": [check], "bad_types": ["rendezvous_port"]}})()
+    (rec,) = action.run(task_vars={"inventory_hostname": "t-a"})["records"]
+    assert rec["status"] == "ok", rec
+
+
+def test_validate_main_tasks_spell_no_skip_rule():
+    """The settings checks of tasks/main.yml carry no ``skip:`` of their own: the plugin decides."""
+    tasks = yaml.safe_load((PATH.parents[1] / "tasks" / "main.yml").read_text())
+    checks = [c for t in tasks if "validate_check" in t for c in t["validate_check"]["checks"]]
+    assert {c["check"] for c in checks} >= set(vc.SETTINGS), checks
+    assert [c["check"] for c in checks if "skip" in c or "skip" in (c.get("args") or {})] == []
+
+
+def test_the_roles_files_the_checks_read_are_loaded_in_one_place():
+    """tasks/main.yml and tasks/given.yml each loaded other roles' defaults with a list of their own,
+    and given.yml read ddp_job's --rdzv-conf keys as vars/main.yml does (issue 14 review): one list
+    (vars/main.yml __validate_role_files), one loader (tasks/defaults.yml), one rdzv key lookup."""
+    tasks = PATH.parents[1] / "tasks"
+    loads = {p.name: [t for t in yaml.safe_load(p.read_text()) or [] if "ansible.builtin.include_vars" in t]
+             for p in sorted(tasks.glob("*.yml"))}
+    assert {n: len(t) for n, t in loads.items() if t} == {"defaults.yml": 1, "given.yml": 1}, loads
+    (own,) = loads["given.yml"]  # the validate role's own vars, rendered with the caller's roles dir
+    assert own["ansible.builtin.include_vars"]["file"].endswith("/validate/vars/main.yml")
+    lookups = [p.name for p in tasks.glob("*.yml") if "/vars/main.yml" in p.read_text().replace(
+        "/validate/vars/main.yml", "")]
+    assert lookups == [], lookups
+    files = yaml.safe_load((PATH.parents[1] / "vars" / "main.yml").read_text())["__validate_role_files"]
+    for role, kind in files:
+        assert (PATH.parents[2] / role / kind / "main.yml").is_file(), (role, kind)
+    for name in ("main.yml", "given.yml", "controller.yml"):
+        assert "import_tasks: defaults.yml" in (tasks / name).read_text(), name

@@ -42,6 +42,7 @@ from typing import Any
 
 from ansible.errors import AnsibleActionFail, AnsibleError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 from ansible.utils.vars import load_extra_vars
 
@@ -482,12 +483,33 @@ def torch_version(host: str, version: Any) -> dict:
 
 # ---- the settings given, once, before any role starts (tasks/given.yml) ---------------------------
 EXTRA = "-e"
-# Checks that read several settings: (check, its inputs). Judged once for -e values only when every
-# input is given with -e or set on no host (so the role's default): then every host sees the same.
-JOINT = (("engine", ("ddp_job_fault_tolerance", "ddp_job_worker_argv", "ddp_job_nproc_per_node")),
-         ("nnodes", ("ddp_job_nnodes_min", "ddp_job_nnodes_max")),
-         ("train_config", ("ddp_job_dataset_sha256", "ddp_job_train_overrides", "ddp_job_preset",
-                           "ddp_job_max_steps", "ddp_job_threads")))
+# The checks of one trainer's settings and the settings each reads: check -> {its argument: the
+# variable}. The one home of their skip rules (:func:`left_out`), for tasks/main.yml (per host) and
+# :func:`given` (-e values, once); given judges a check that reads several settings only when every
+# one is given with -e or set on no host (so the role's default): then every host sees the same.
+SETTINGS = {
+    "rdzv_conf": {"conf": "ddp_job_rdzv_conf"},
+    "governor": {"governor": "cpu_governor_governor"},
+    "torch_version": {"version": "python_env_torch_version"},
+    "engine": {"fault_tolerance": "ddp_job_fault_tolerance", "worker_argv": "ddp_job_worker_argv",
+               "nproc_per_node": "ddp_job_nproc_per_node"},
+    "nnodes": {"min": "ddp_job_nnodes_min", "max": "ddp_job_nnodes_max"},
+    "train_config": {"dataset_sha256": "ddp_job_dataset_sha256", "overrides": "ddp_job_train_overrides",
+                     "preset": "ddp_job_preset", "max_steps": "ddp_job_max_steps",
+                     "threads": "ddp_job_threads"},
+}
+
+
+def left_out(check: str, bad_types: Sequence[str] = (), resume: bool = False,
+             inventory_ok: bool = True) -> bool:
+    """Whether a check of :data:`SETTINGS` is left out: one of the settings it reads failed its type
+    check (``bad_types``: its one line says so already); ``train_config`` on a resume (``resume``:
+    the run's configuration merged with these is judged by tasks/resume.yml); ``nnodes`` when the
+    inventory's shape failed or is not known (``inventory_ok`` false: MAX counts the trainers).
+    Checks not in :data:`SETTINGS` are never left out here."""
+    if set(SETTINGS.get(check, {}).values()) & set(bad_types or ()):
+        return True
+    return (check == "train_config" and bool(resume)) or (check == "nnodes" and not inventory_ok)
 
 
 def _want(option: Mapping[str, Any]) -> str:
@@ -521,7 +543,7 @@ def given(specs: Mapping[str, Any], hosts: Mapping[str, Mapping[str, Any]], extr
         extra: ``{variable: value}`` given with -e (the same on every host).
         rules, rdzv_keys, governors: as the checks ranges, rdzv_conf and governor take them.
         trainers: how many trainers the inventory has (``ddp_job_nnodes_max``'s default).
-        defaults: the roles' defaults of the inputs of :data:`JOINT`'s checks.
+        defaults: the roles' defaults of the settings :data:`SETTINGS`'s checks read.
         per_host_e: variables given with -e as a template each host renders its own way (in
             ``hosts``, not ``extra``; named "-e, as rendered there" instead of "inventory").
 
@@ -568,24 +590,19 @@ def given(specs: Mapping[str, Any], hosts: Mapping[str, Mapping[str, Any]], extr
     mine = {n: v for n, v in extra.items() if n not in bad}
     records = [{"check": "given", "status": "fail", "detail": d} for d in failed]
     found = [r for r in ranges(EXTRA, mine, rules) if r["status"] == "fail"]
-    if "ddp_job_rdzv_conf" in mine:
-        found.append(rdzv_conf(EXTRA, mine["ddp_job_rdzv_conf"], rdzv_keys))
-    if "cpu_governor_governor" in mine:
-        found.append(governor(EXTRA, str(mine["cpu_governor_governor"]), governors))
-    if "python_env_torch_version" in mine:
-        found.append(torch_version(EXTRA, mine["python_env_torch_version"]))
     set_somewhere = {n for values in hosts.values() for n in values}
     resume = any(v.get("ddp_job_resume_run_id") for v in [extra, *hosts.values()])
-    for check, names in JOINT:
-        if (not set(names) & set(mine) or set(names) & bad or (set(names) - set(extra)) & set_somewhere
-                or (check == "train_config" and resume) or (check == "nnodes" and not trainers)):
+    fixed = {"rdzv_conf": {"keys": rdzv_keys}, "governor": {"known": governors},
+             "nnodes": {"trainers": trainers}}  # what the checks read besides the settings
+    for check, inputs in SETTINGS.items():
+        names = set(inputs.values())
+        if (not names & set(mine) or (names - set(extra)) & set_somewhere
+                or left_out(check, sorted(bad), resume, inventory_ok=bool(trainers))):
             continue
-        value = {n: mine[n] if n in mine else (defaults or {}).get(n) for n in names}
-        if check in ("engine", "train_config"):  # their inputs in JOINT's order
-            found.append(PURE[check](EXTRA, *value.values()))
-        elif check == "nnodes":
-            nmax = trainers if value["ddp_job_nnodes_max"] is None else value["ddp_job_nnodes_max"]
-            found.append(nnodes(EXTRA, value["ddp_job_nnodes_min"], nmax, trainers))
+        args = {arg: mine[n] if n in mine else (defaults or {}).get(n) for arg, n in inputs.items()}
+        if check == "nnodes" and args["max"] is None:  # ddp_job_nnodes_max's default: the trainers
+            args["max"] = trainers
+        found.append(settings_check(EXTRA, check, {**args, **fixed.get(check, {})}))
     records += [dict(r, check="given") for r in found if r["status"] == "fail"]
     ok = f"{len(extra)} setting(s) given with -e, {len(set_somewhere)} in the inventory: accepted"
     return records or [record("given", None, ok)]
@@ -751,6 +768,18 @@ def gloo(host: str, route: Mapping[str, Any] | None, unit_show: str, addr_show: 
     return record("gloo", problem, f"binds {src} ({how}) = the route's source{also}", "warn")
 
 
+def settings_check(host: str, check: str, args: Mapping[str, Any]) -> dict | list[dict]:
+    """Run the check ``check`` with its named arguments (as tasks pass them): ``rdzv_conf``
+    (``conf``, ``keys``) and ``nnodes`` (``min``, ``max``, ``trainers``) by name, the checks of
+    :data:`PURE` as ``check(host, **args)``. Raises KeyError for an unknown check or a missing
+    argument, TypeError for an unexpected one."""
+    if check == "rdzv_conf":
+        return rdzv_conf(host, args.get("conf"), args.get("keys") or [])
+    if check == "nnodes":
+        return nnodes(host, args["min"], args["max"], int(args["trainers"]))
+    return PURE[check](host, **args)
+
+
 # Checks that are pure functions of their arguments: called as ``check(host, **args)``.
 PURE = {f.__name__: f for f in (trainers, rendezvous, rendezvous_address, unique_hosts, unique_names,
                                   dataset, types, ranges, train_config, engine, governor, torch_version,
@@ -777,12 +806,16 @@ def _value(found: Any, name: str) -> Any:
 
 class ActionModule(ActionBase):
     """Run the checks given (``checks``: a list of ``{check, args, skip}``; see the module docstring)
-    and return their records (``records``), in order; a check with ``skip: true`` is left out."""
+    and return their records (``records``), in order. Left out: a check with ``skip: true``, and one
+    of a trainer's settings that :func:`left_out` leaves out, from the task's ``bad_types`` (the
+    settings whose type check failed; ``ranges`` skips them too), ``resume_run_id`` with
+    ``run_train`` (a resume this run judges: tasks/resume.yml) and ``inventory_ok`` (the inventory's
+    shape passed)."""
 
     def _one(self, check: str, args: Mapping[str, Any], task_vars: dict) -> dict | list[dict] | None:
         host = task_vars.get("inventory_hostname", "?")
-        if check in PURE:
-            return PURE[check](host, **args)
+        if check in PURE or check in ("rdzv_conf", "nnodes"):
+            return settings_check(host, check, args)
         if check in ACROSS:
             func, key = ACROSS[check]
             hv = task_vars["hostvars"]
@@ -791,10 +824,6 @@ class ActionModule(ActionBase):
             return func(host, values)
         if check == "given":
             return self._given(args, task_vars)
-        if check == "rdzv_conf":
-            return rdzv_conf(host, args.get("conf"), args.get("keys") or [])
-        if check == "nnodes":
-            return nnodes(host, args["min"], args["max"], int(args["trainers"]))
         if check == "versions":
             hv, key = task_vars["hostvars"], args.get("key") or "__validate_versions"
             everyone = {h: _python_torch(hv[h].get(key)) for h in task_vars.get("ansible_play_hosts", [])}
@@ -853,13 +882,21 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
+        task = self._task.args
+        # what decides which checks of SETTINGS are left out (:func:`left_out`), as the task gives it
+        bad = list(task.get("bad_types") or [])
+        resume = bool(task.get("resume_run_id")) and boolean(task.get("run_train", True), strict=False)
+        inventory_ok = boolean(task.get("inventory_ok", True), strict=False)
         records = []
-        for item in self._task.args.get("checks") or []:
-            if item.get("skip"):
-                continue
+        for item in task.get("checks") or []:
             check = item.get("check")
+            if item.get("skip") or left_out(check, bad, resume, inventory_ok):
+                continue
+            args = item.get("args") or {}
+            if check == "ranges" and "skip" not in args:
+                args = {**args, "skip": bad}
             try:
-                rec = self._one(check, item.get("args") or {}, task_vars)
+                rec = self._one(check, args, task_vars)
             except (KeyError, TypeError, ValueError) as exc:
                 raise AnsibleActionFail(f"validate_check {check}: bad arguments ({exc})") from exc
             if rec is None:
