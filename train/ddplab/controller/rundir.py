@@ -13,8 +13,9 @@ The group-level facts every tool shows are defined here once: :func:`group_start
 
 from __future__ import annotations
 
+import bisect
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -200,7 +201,7 @@ def _rank0_or_all(records: Iterable[Record], events: Sequence[str]) -> list[Reco
 
 def group_starts(records: Iterable[Record]) -> list[GroupStart]:
     """The group's starts: one per rank-0 ``start`` record, by time (``step``: its
-    ``resumed_from_step``). The number of restarts is ``len(group_starts(...)) - 1``."""
+    ``resumed_from_step``). The restarts among them: :func:`group_restarts`."""
     out: list[GroupStart] = []
     for r in by_time(r for r in records if r.get("event") == "start" and as_int(r.get("rank")) == 0):  # type: ignore[misc]
         t = num(r.get("time"))
@@ -212,9 +213,21 @@ def group_starts(records: Iterable[Record]) -> list[GroupStart]:
     return out
 
 
-def group_restarts(records: Iterable[Record]) -> int:
-    """How many times the group re-formed: rank-0 ``start`` records minus one (0 when none)."""
-    return max(0, len(group_starts(records)) - 1)
+def launch_of(events: Iterable[Record]) -> Callable[[float], int]:
+    """Which launch a record at unix time ``t`` belongs to: the number of ``launch``/``resume``
+    events (:data:`ddplab.faults.LAUNCH_KINDS`) at or before ``t`` (0: before any, or no events)."""
+    marks = sorted(t for e in events
+                   if e.get("kind") in LAUNCH_KINDS and (t := num(e.get("time"))) is not None)
+    return lambda t: bisect.bisect_right(marks, t)
+
+
+def group_restarts(records: Iterable[Record], events: Iterable[Record] = ()) -> int:
+    """How many times the group re-formed within a launch: rank-0 ``start`` records beyond the
+    first of each launch (:func:`launch_of` ``events``; a launch or resume is no restart); without
+    events, rank-0 ``start`` records minus one (0 when none)."""
+    which = launch_of(events)
+    launches = [which(g.time) for g in group_starts(records)]
+    return len(launches) - len(set(launches))
 
 
 def world_size_timeline(records: Iterable[Record]) -> list[dict[str, Any]]:

@@ -79,7 +79,8 @@ from ddplab.controller.rundir import (
     RunFolder,
     RunFolderError,
     cut_off_nodes,
-    group_starts,
+    group_restarts,
+    launch_of,
     load_run,
     read_json,
     run_outcome,
@@ -194,23 +195,18 @@ def launches(events: Iterable[Record], records: Iterable[Record] = ()) -> list[s
 def restarts_within_launches(records: Sequence[Record], events: Iterable[Record]) -> int:
     """The run's ``restarts`` (module docstring): training started again within a launch, a launch
     or resume not counted. The records of one launch are those from its ``launch``/``resume``
-    event (:data:`ddplab.faults.LAUNCH_KINDS`) to the next; records before the first event (or
-    all, without events) are one launch. torchelastic: rank-0 ``start`` records
-    (:func:`ddplab.controller.rundir.group_starts`) beyond the first of each launch; per_step:
+    event (:func:`ddplab.controller.rundir.launch_of`) to the next; records before the first event
+    (or all, without events) are one launch. torchelastic: rank-0 ``start`` records beyond the
+    first of each launch (:func:`ddplab.controller.rundir.group_restarts`); per_step:
     ``start`` records beyond the first of each worker (host, local_rank) in each launch. Under
     per_step this equals the sum of the faults' ``restarts`` when every restart followed a fault."""
-    marks = sorted(t for e in events
-                   if e.get("kind") in faults.LAUNCH_KINDS and (t := num(e.get("time"))) is not None)
-
-    def launch_of(t: float) -> int:
-        return sum(1 for m in marks if m <= t)
-
-    if run_engine(records) == "per_step":
-        keys = [(launch_of(t), r.get("host"), as_int(r.get("local_rank")) or 0)
-                for r in events_of(records, "start") if (t := num(r.get("time"))) is not None]
-        return len(keys) - len(set(keys))
-    per_launch = [launch_of(g.time) for g in group_starts(records)]
-    return len(per_launch) - len(set(per_launch))
+    events = list(events)
+    if run_engine(records) != "per_step":
+        return group_restarts(records, events)
+    which = launch_of(events)
+    keys = [(which(t), r.get("host"), as_int(r.get("local_rank")) or 0)
+            for r in events_of(records, "start") if (t := num(r.get("time"))) is not None]
+    return len(keys) - len(set(keys))
 
 
 def find_stragglers(records: Sequence[Record]) -> list[dict[str, Any]]:
