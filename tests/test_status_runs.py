@@ -85,11 +85,15 @@ def test_status_of_an_older_run_reads_its_records_not_the_later_launchs_unit(tmp
     assert rows["laptop-x"][:3] == ["ended", OLD, "300/300"], text
     assert rows["laptop-y"][:3] == ["ended", OLD, "300/300"], text
     assert f"run {OLD} is not the laptops' current job" in text and f"run {NEW}" in text, text
+    # the store's line is the current job's, and says so (it said nothing: read as OLD's)
+    assert (f"rendezvous store (the laptops' current job's, run {NEW}; not run {OLD}'s): stopped "
+            "(port 29499)") in text, text
     # the current run still reads its unit
     out = _play(inv, env, "status.yml")
     text = out.stdout + out.stderr
     assert out.returncode == 0 and _rows(text)["laptop-x"][:3] == ["running", NEW, "20/300"], text
     assert "is not the laptops' current job" not in text, text
+    assert "rendezvous store: stopped (port 29499)" in text, text
 
 
 @pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")

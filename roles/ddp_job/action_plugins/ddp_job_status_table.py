@@ -141,20 +141,34 @@ def service_line(label: str, doc: Mapping[str, Any], more: str = "") -> str:
             f"supervisor pid {doc.get('supervisor_pid', '?')}, restarts {doc.get('restarts', 0)}{more})")
 
 
-def store_line(store: Mapping[str, Any]) -> str:
-    """The rendezvous store in one line (:func:`service_line`)."""
-    return service_line("rendezvous store", store)
+def store_line(store: Mapping[str, Any], owner: str = "") -> str:
+    """The rendezvous store in one line (:func:`service_line`); ``owner`` (:func:`services_owner`)
+    says whose it is after the label."""
+    return service_line("rendezvous store" + (f" ({owner})" if owner else ""), store)
 
 
-def lighthouse_line(lighthouse: Mapping[str, Any]) -> str:
+def lighthouse_line(lighthouse: Mapping[str, Any], owner: str = "") -> str:
     """The torchft lighthouse in one line (:func:`service_line`), with the quorum when it answers:
     ``, quorum id 4, participants laptop-a, laptop-b``. A participant is named by its replica id
-    without the ``:<uuid>`` torchft's Manager appends to it (the node's name)."""
+    without the ``:<uuid>`` torchft's Manager appends to it (the node's name). ``owner``: as for
+    :func:`store_line`."""
     more = ""
     if lighthouse.get("quorum_id") is not None:
         names = [str(p.get("replica_id")).split(":", 1)[0] for p in lighthouse.get("participants") or []]
         more = f", quorum id {lighthouse['quorum_id']}, participants {', '.join(names) or 'none'}"
-    return service_line("torchft lighthouse", lighthouse, more)
+    return service_line("torchft lighthouse" + (f" ({owner})" if owner else ""), lighthouse, more)
+
+
+def services_owner(nodes: Mapping[str, Any], run_id: str = "") -> str:
+    """Whose store and lighthouse the lines show when the run looked at is not the laptops'
+    current job (``status.yml -e run_id=<older run>``: an agent unit belongs to another run,
+    ddplab.status ``unit_holds_run`` False; the controller keeps one store and one lighthouse, the
+    current job's): ``the laptops' current job's, run R2; not run R1's``. "" otherwise."""
+    current = sorted({str((r or {}).get("current_run") or "another run") for r in nodes.values()
+                      if (r or {}).get("unit_holds_run") is False})
+    if not current:
+        return ""
+    return f"the laptops' current job's, run {', '.join(current)}; not run {run_id or '?'}'s"
 
 
 def engine_of(rows: Sequence[Mapping[str, str]]) -> str:
@@ -164,11 +178,12 @@ def engine_of(rows: Sequence[Mapping[str, str]]) -> str:
 
 
 def render(rows: Sequence[Mapping[str, str]], store: Mapping[str, Any], run_id: str = "",
-           width: int = 160, lighthouse: Mapping[str, Any] | None = None) -> str:
+           width: int = 160, lighthouse: Mapping[str, Any] | None = None, owner: str = "") -> str:
     """The table (``rich``, plain text without colour codes; one line per node) under a heading
     naming the run and its engine, then ``<node>: <last failure>`` whole for every node whose
     failure was too long for its cell, the store's line below it (per_step: only when a store runs)
-    and the lighthouse's when the engine is per_step or it runs."""
+    and the lighthouse's when the engine is per_step or it runs; ``owner`` (:func:`services_owner`)
+    says in both lines whose they are when the run is not the laptops' current job."""
     engine = engine_of(rows)
     title = (f"run {run_id}" if run_id else "no run") + (f" (engine {engine})" if engine else "")
     table = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left", pad_edge=False)
@@ -193,9 +208,9 @@ def render(rows: Sequence[Mapping[str, str]], store: Mapping[str, Any], run_id: 
         if failure and not any(line.startswith(f" {r['node']} ") and failure in line for line in shown):
             console.print(Text(f"{r['node']}: {failure}"), soft_wrap=True)
     if "per_step" not in engine or store.get("running"):  # per_step uses no controller store
-        console.print(store_line(store), markup=False, highlight=False)
+        console.print(store_line(store, owner), markup=False, highlight=False)
     if "per_step" in engine or (lighthouse or {}).get("running"):
-        console.print(lighthouse_line(lighthouse or {}), markup=False, highlight=False)
+        console.print(lighthouse_line(lighthouse or {}, owner), markup=False, highlight=False)
     return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()).strip("\n")
 
 
@@ -273,7 +288,8 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         _, args = self.validate_argument_spec(argument_spec=ARGS)
         rows = mark_cut_off([row_of(h, r, args["stop"]) for h, r in args["nodes"].items()], args["nodes"])
-        text = render(rows, args["store"], args["run_id"], args["width"], args["lighthouse"])
+        owner = services_owner(args["nodes"], args["run_id"])
+        text = render(rows, args["store"], args["run_id"], args["width"], args["lighthouse"], owner)
         note = other_run_note(args["nodes"], args["run_id"])
         text += f"\n{note}" if note else ""
         where = where_lines(args["nodes"], args["store"], args["lighthouse"], args["state_dir"],
@@ -286,7 +302,7 @@ class ActionModule(ActionBase):
                            "msg": f"not every laptop is well: {', '.join(bad)} (the table above says why)"})
             return result
         shown = "per_step" in engine_of(rows) or args["lighthouse"].get("running")
-        result.update({"changed": False, "rows": rows, "store_line": store_line(args["store"]),
-                       "lighthouse_line": lighthouse_line(args["lighthouse"]) if shown else "",
+        result.update({"changed": False, "rows": rows, "store_line": store_line(args["store"], owner),
+                       "lighthouse_line": lighthouse_line(args["lighthouse"], owner) if shown else "",
                        "engine": engine_of(rows), "bad": bad, "table": text})
         return result
