@@ -396,3 +396,17 @@ def test_steps_lost_add_up_over_the_groups_of_the_path(tmp_path):
             for g in m.interim_groups] == [(["laptop-c"], 20, 25, 5)]
     assert m.steps_lost == 2 and m.cause == "laptop-c (rank 2): gloo: Connection reset by peer"
     assert m.recovered_s == pytest.approx(16.5)
+
+
+def test_a_fault_without_recovery_or_duration_holds_the_training_until_the_next_step(tmp_path):
+    """A fault that restarted nothing (no recovered_s, no duration) explains the stretch to the
+    first committed step after it, not a later evaluation (a guard of the window rule)."""
+    run = Run(tmp_path)
+    run.start(ABC, T0 - 1)
+    run.steps(ABC, 1, 10, T0)
+    run.fault("kill-worker", "laptop-c", T0 + 9.5, rank=2)
+    run.steps(ABC, 11, 50, T0 + 30)                 # 20 s late after the fault: its band
+    run.rec("laptop-a", "val", T0 + 70, 0, 3, step=50, val_loss=2.0, train_loss=2.0)
+    run.steps(ABC, 51, 60, T0 + 100)                # 30 s for one step: the evaluation
+    bands = bands_of(run.dir)
+    assert [(b.from_step, b.to_step, b.cause) for b in bands] == [(10, 11, "fault"), (50, 51, "eval")]

@@ -6,6 +6,7 @@ returns plain series and rows; :mod:`.plots` draws them and :mod:`.html` lays th
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 import statistics
@@ -322,19 +323,20 @@ def median_step_s(steps: Sequence[Record]) -> float | None:
     return statistics.median(per) if len(per) >= 2 else None
 
 
-def fault_window(f: Fault, fl: Sequence[Fault]) -> tuple[float, float] | None:
+def fault_window(f: Fault, step_times: Sequence[float]) -> tuple[float, float] | None:
     """(from, to) unix s while fault ``f`` held the training: its injection to its recovery
     (``recovered_s``: the group trains again, even if the fault itself lasts longer), else to the
-    end of its ``duration_s`` (a freeze or partition the group rode out), else, not recovered, to
-    the next fault of ``fl`` (open-ended without one). None without an injection time."""
+    end of its ``duration_s`` (a freeze or partition the group rode out), else to the first
+    committed step after it (``step_times``: of :func:`progress_records`, sorted; open-ended when
+    none came). None without an injection time."""
     if f.time is None:
         return None
     if f.recovered_s is not None:
         return f.time, f.time + f.recovered_s
     if f.duration_s is not None:
         return f.time, f.time + f.duration_s
-    later = [g.time for g in fl if g.time is not None and g.time > f.time]
-    return f.time, min(later, default=math.inf)
+    i = bisect.bisect_right(step_times, f.time)
+    return f.time, step_times[i] if i < len(step_times) else math.inf
 
 
 def _launch_starts(run: RunFolder) -> list[tuple[float, str]]:
@@ -352,13 +354,13 @@ def _launch_starts(run: RunFolder) -> list[tuple[float, str]]:
 
 
 def _band_cause(run: RunFolder, ra: Record, rb: Record, excess: float,
-                fl: Sequence[Fault]) -> tuple[str, str]:
+                fl: Sequence[Fault], step_times: Sequence[float]) -> tuple[str, str]:
     """(cause, label) of the stretch without training between the step records ``ra`` and ``rb``,
     ``excess`` s later than the median step time predicts (see :func:`no_training_bands`)."""
     a, b = float(ra["time"]), float(rb["time"])
     covered = []
     for f in fl:
-        w = fault_window(f, fl)
+        w = fault_window(f, step_times)
         if w is not None and (overlap := min(b, w[1]) - max(a, w[0])) >= excess / 2:
             covered.append((overlap, f))
     if covered:
@@ -418,13 +420,14 @@ def no_training_bands(run: RunFolder, k: float = BAND_K, min_s: float = BAND_MIN
     if med is None or len(steps) < 3:
         return []
     fl = faults(run)
+    step_times = [float(r["time"]) for r in steps]
     out: list[Band] = []
     for a, b in zip(steps, steps[1:], strict=False):
         ta, tb = float(a["time"]), float(b["time"])
         excess = (tb - ta) - max(b["step"] - a["step"], 0) * med
         if excess <= max(med, min_s):
             continue
-        cause, label = _band_cause(run, a, b, excess, fl)
+        cause, label = _band_cause(run, a, b, excess, fl, step_times)
         if excess > k * med or cause == "fault":
             out.append(Band(ta, tb, a["step"], b["step"], cause, label))
     return out
