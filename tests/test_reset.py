@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -243,3 +244,55 @@ def test_an_empty_accept_table_counts_as_no_table():
         "*filter", ":INPUT ACCEPT", "-A INPUT -p tcp --dport 29400 -j ACCEPT", "COMMIT"]
     assert snapshot.rules_of("*filter\n:INPUT ACCEPT [0:0]\n:ddp - [0:0]\nCOMMIT\n") != []  # a new chain
     assert snapshot.rules_of("*filter\n:INPUT DROP [0:0]\nCOMMIT\n") == ["*filter", ":INPUT DROP", "COMMIT"]
+
+
+FAKE_SYSTEMCTL_JOB = """#!/bin/sh
+# The agent unit runs a job (invocation inv-r1); every other unit is unknown.
+echo "$*" >> "$FAKE_SYSTEMCTL_LOG"
+if [ "$1" = show ] && [ "$2" = ddp-lab-agent ]; then
+  printf 'LoadState=loaded\\nActiveState=active\\nSubState=running\\nResult=success\\n'
+  printf 'ExecMainStatus=0\\nMainPID=4242\\nInvocationID=inv-r1\\n'
+  exit 0
+fi
+[ "$1" = show ] && { echo "LoadState=not-found"; echo "ActiveState=inactive"; exit 0; }
+exit 0
+"""
+
+
+@needs_ansible
+@pytest.mark.skipif(os.geteuid() != 0, reason="the job's files are read as ddp_lab_user (root here)")
+def test_check_during_a_job_names_the_run_it_would_stop(tmp_path):
+    """newcomer, session 8: reset.yml --check while a job ran listed the agent's stop as a change
+    but never said which run it would stop. The node's agent runs run 20261201-120000-aaaa (its
+    unit's invocation is in the run's invocations; the node's current_run names it)."""
+    inv, paths = _provisioned_tree(tmp_path)
+    run_id = "20261201-120000-aaaa"
+    host = inv["all"]["children"]["trainers"]["hosts"]["laptop-a"]
+    host.update({"ddp_lab_user": "root", "ddp_job_runs_dir": str(tmp_path / "runs")})
+    (tmp_path / "runs").mkdir()
+    run = paths["state"] / "runs" / run_id
+    (run / "metrics").mkdir(parents=True)
+    (run / "invocations").write_text("inv-r1\n")
+    (paths["state"] / "current_run").write_text(f"{run_id}\n")
+    t = time.time()
+    records = [{"event": "start", "time": t - 20, "host": "laptop-a", "rank": 0, "local_rank": 0,
+                "world_size": 1, "restart_count": 0, "run_id": run_id, "max_steps": 100},
+               {"event": "step", "time": t - 10, "host": "laptop-a", "rank": 0, "local_rank": 0,
+                "world_size": 1, "restart_count": 0, "step": 7, "loss": 3.1}]
+    (run / "metrics" / "laptop-a-local0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (paths["venv"] / "bin").mkdir(parents=True)
+    (paths["venv"] / "bin" / "python").symlink_to(sys.executable)  # ddplab.status from the checkout
+    fakebin = tmp_path / "jobbin"
+    fakebin.mkdir()
+    (fakebin / "systemctl").write_text(FAKE_SYSTEMCTL_JOB)
+    (fakebin / "systemctl").chmod(0o755)
+    env = {"PATH": f"{fakebin}:{BIN}:{os.environ.get('PATH', '')}",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "train"), os.environ.get("PYTHONPATH")) if p)}
+    r = _play(tmp_path, inv, "--check", env=env)
+    text = r.stdout + r.stderr
+    assert r.returncode == 0, text[-4000:]
+    assert f"would stop run {run_id} on laptop-a (--check: nothing was stopped)" in text, text[-4000:]
+    assert "laptop-a: would be reset (--check: nothing changed" in text, text[-4000:]
+    assert run.is_dir() and (paths["venv"] / "bin" / "python").exists()  # nothing removed
+    log = (tmp_path / "systemctl.log").read_text()
+    assert not re.search(r"^(stop|reload|restart|reset-failed|unmask|disable)", log, re.M), log
