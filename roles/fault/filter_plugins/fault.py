@@ -1,10 +1,14 @@
 """Filters of the fault role: the run's recovery engine (from the node's run.json), agent command
 lines compared without the options whose values differ from laptop to laptop
-(tasks/rejoin-launch.yml), and the check of kill-node.yml's settings against the role's argument
-spec, once and in one line each."""
+(tasks/rejoin-launch.yml), the check of kill-node.yml's settings against the role's argument
+spec, once and in one line each, the target and the nodes still training (tasks/resolve.yml:
+:func:`resolve`, :func:`wait_timeout`, :func:`intent`) and the measurement's inputs, output and
+one-line outcome (tasks/report.yml: :func:`down_hosts`, :func:`measured_lines`, :func:`agent_end`,
+:func:`not_recovered`)."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -113,10 +117,144 @@ def argument_problems(values: Mapping[str, Any], options: Mapping[str, Mapping[s
     return out
 
 
+def host_values(hosts: Iterable[str], hostvars: Mapping[str, Mapping[str, Any]], name: str) -> dict[str, Any]:
+    """``{host: hostvars[host][name]}`` for each of ``hosts``, in order; None for a host that has no
+    such variable (e.g. a task skipped there registered nothing)."""
+    return {h: hostvars[h].get(name) for h in hosts}
+
+
+def resolve(progress: Mapping[str, Any], stop: Mapping[str, Any] | None, node: str, rank: Any,
+            mode: str) -> dict[str, Any]:
+    """Who kill-node.yml targets and who is still training, from each trainer's ``ddp_lab_progress``
+    result (``progress``: host -> result, in the inventory's order; None or skipped: not read).
+
+    Args:
+        stop: the run's ``kind: stop`` event (:func:`agent_states`), {} when not stopped.
+        node: ``fault_node`` ('' when the rank names the target); rank: ``fault_rank`` (< 0: none).
+        mode: ``fault_mode`` (``rejoin``: a rejoining node holds no rank until its group re-forms).
+
+    Returns:
+        ``active`` (hosts whose agent runs), ``workers`` (every read host's newest worker records,
+        oldest first), ``states`` (:func:`agent_states`), ``agents`` (``"host state, ..."``),
+        ``rank_holders`` (the active nodes whose worker holds ``rank``), ``ranks`` (``"node=rank,
+        ..."`` of the active workers, ``none`` without one), ``target`` (``node``, else the last
+        rank holder; None when there is none), ``target_rank`` and ``world_size`` (the newest of the
+        target's / the active workers', None unknown), ``others`` (active hosts but the target) and
+        ``probe`` (the node the recovery is watched from: the first other active host, else the
+        target). Raises ValueError when ``rank`` is not an integer.
+    """
+    rank = int(rank)
+    results = {h: r if isinstance(r, Mapping) else {} for h, r in progress.items()}
+    active = [h for h, r in results.items() if r.get("agent_running")]
+    workers = sorted((w for r in results.values() for w in r.get("workers") or []),
+                     key=lambda w: w.get("time") or 0)
+    running = [w for w in workers if w.get("node") in active]
+    holders = [w["node"] for w in running if rank >= 0 and w.get("rank") == rank]
+    target = node or (holders[-1] if holders else None)
+    mine = [w.get("rank") for w in workers if w.get("node") == target]
+    states = agent_states(results, stop)
+    others = [h for h in active if h != target]
+    return {
+        "active": active, "workers": workers, "states": states,
+        "agents": ", ".join(f"{h} {s}" for h, s in states.items()),
+        "rank_holders": holders,
+        "ranks": ", ".join(f"{w['node']}={w.get('rank')}" for w in running) or "none",
+        "target": target,
+        "target_rank": None if mode == "rejoin" or not mine else mine[-1],
+        "world_size": running[-1].get("world_size") if running else None,
+        "others": others, "probe": (others + [target])[0],
+    }
+
+
+def intent(plan: Mapping[str, Any], check_mode: bool, mode: str, run_id: str, duration_s: Any,
+           timeout_s: Any) -> str:
+    """What kill-node.yml is about to do (or would do, in ``check_mode``), in one line: the fault,
+    the target of ``plan`` (:func:`resolve`) with its rank and the world size (``?`` unknown), the
+    run, the duration of a timed fault (``duration_s`` > 0), the node watched and for how long."""
+    def known(value: Any) -> Any:
+        return "?" if value is None else value
+
+    lasting = f" for {duration_s} s" if float(duration_s or 0) > 0 else ""
+    return (f"{'Would inject' if check_mode else 'Injecting'} {mode} into {plan['target']}"
+            f" (rank {known(plan.get('target_rank'))}, world size {known(plan.get('world_size'))})"
+            f" of run {run_id}{lasting}; watching from {plan['probe']} for up to {timeout_s} s")
+
+
+def wait_timeout(mode: str, given_s: Any, default_s: Mapping[str, Any], duration_s: Any) -> int:
+    """How long kill-node.yml waits for the recovery, in s: ``given_s`` (``fault_wait_timeout_s``)
+    when > 0, else the mode's default (``fault_default_wait_s[mode]``) plus the fault's duration
+    (timed faults). Raises KeyError for a mode without a default, ValueError for a non-number."""
+    given = int(float(given_s or 0))
+    return given if given > 0 else int(float(default_s[mode])) + int(float(duration_s or 0))
+
+
+def down_hosts(up: Mapping[str, Any]) -> str:
+    """The hosts that are not up (``up``: host -> ``__fault_up``, None when unknown), comma-separated
+    as ``python -m ddplab.controller.summary faults --down`` takes them ('' when all are up)."""
+    return ",".join(h for h, is_up in up.items() if not is_up)
+
+
+def measured_lines(table: Sequence[str], run_dir: str, report: bool) -> list[str]:
+    """The measurement's output (``table``: the lines ``summary faults`` printed), a blank line and
+    where summary.json is, and report.html when it exists (``report``)."""
+    where = [f"summary: {run_dir}/summary.json"] + ([f"report: {run_dir}/report.html"] if report else [])
+    return [*table, "", *where]
+
+
+# torchrun's "Root Cause" block, e.g. "  exitcode  : -9 (pid: 12186)  (SIGKILL)"
+_ROOT_CAUSE = re.compile(r"exitcode\s+:\s*([^\n]+)")
+
+
+def agent_end(host: str, unit: Mapping[str, Any] | None, journal: str | None) -> str:
+    """How one agent ended, in words: ``host: ActiveState`` (``?`` unknown), ``(exit N)`` for a
+    non-zero ExecMainStatus, ``torchrun gave up (no restart left)`` when its journal (the tail of
+    ``journalctl -u UNIT``) holds ChildFailedError (a worker group failed with no restart left),
+    and the exit code of the Root Cause block's last ``exitcode :`` line (the first failed worker)."""
+    unit, journal = unit or {}, journal or ""
+    status = str(unit.get("ExecMainStatus", "0"))
+    roots = _ROOT_CAUSE.findall(journal)
+    return "".join([
+        f"{host}: {unit.get('ActiveState', '?')}",
+        f" (exit {status})" if status != "0" else "",
+        ", torchrun gave up (no restart left)" if "ChildFailedError" in journal else "",
+        f", first failed worker: exit code {' '.join(roots[-1].split())}" if roots else "",
+    ])
+
+
+def _truncate(text: str, length: int = 200, leeway: int = 5) -> str:
+    """``text`` cut at a word boundary to at most ``length`` characters with ``...`` (as Jinja's
+    truncate filter with Ansible's leeway of 5)."""
+    if len(text) <= length + leeway:
+        return text
+    return text[:length - 3].rsplit(" ", 1)[0] + "..."
+
+
+def not_recovered(progress: Mapping[str, Any], run_id: str, mode: str, target: str, target_rank: Any,
+                  timeout_s: Any, ends: Mapping[str, Any], unit: str) -> str:
+    """The one-line failure of a fault the job did not recover from: the run, whether it ``ended``
+    or did not recover within ``timeout_s`` (``progress``: ``ddp_lab_progress``'s result, ``phase``
+    ended | waiting), the fault and its target (and rank), each agent's end (``ends``: host ->
+    :func:`agent_end`, None: the host's name alone), the last failure record (200 characters) and
+    the fix."""
+    ended = progress.get("phase") == "ended"
+    cause = str((progress.get("measure") or {}).get("cause") or "none")
+    agents = "; ".join(str(end or host) for host, end in ends.items())
+    rank = f" (rank {target_rank})" if target_rank is not None else ""
+    fix = ("The job is over; fix: start a new run with site.yml (more faults per run need a higher"
+           " ddp_job_max_restarts)" if ended else
+           f"Fix: look at journalctl -u {unit} on the nodes, or wait longer (-e fault_wait_timeout_s=...)")
+    how = "ended" if ended else f"did not recover within {timeout_s} s"
+    return (f"run {run_id} {how} after {mode} of {target}{rank}. Agents: {agents}."
+            f" Last failure record: {_truncate(cause)}. {fix}")
+
+
 class FilterModule:
     """Ansible filter plugin entry point."""
 
     def filters(self) -> dict:
         return {"fault_without_options": without_options, "fault_run_engine": run_engine,
                 "fault_argument_problems": argument_problems, "fault_checked_settings": checked_settings,
-                "fault_agent_states": agent_states}
+                "fault_agent_states": agent_states, "fault_host_values": host_values,
+                "fault_resolve": resolve, "fault_wait_timeout": wait_timeout, "fault_down_hosts": down_hosts,
+                "fault_agent_end": agent_end, "fault_not_recovered": not_recovered, "fault_intent": intent,
+                "fault_measured_lines": measured_lines}
