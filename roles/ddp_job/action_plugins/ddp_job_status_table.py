@@ -266,11 +266,9 @@ def mark_cut_off(rows: Sequence[dict[str, Any]], nodes: Mapping[str, Any]) -> li
     ddplab.status reads with ddplab.records.group_finished: the one home summary.json's outcome
     ``finished`` reads too): the cut-off replica trained nothing alone (summary.json ``cut_off``).
     Without a laptop that finished, it stays ``failed``."""
-    if not any(((res or {}).get("progress") or {}).get("finished") for res in nodes.values()):
-        return list(rows)
-    return [{**r, "agent": "cut off"} if r["agent"] == AGENT.get("failed") and (
-        ((nodes.get(r["node"]) or {}).get("progress") or {}).get("stop_cause") == "cut_off") else r
-        for r in rows]
+    cut = set(FILTERS.cut_off_hosts(nodes))  # the rule's one home, shared with kill-node.yml
+    return [{**r, "agent": "cut off"} if r["agent"] == AGENT.get("failed") and r["node"] in cut else r
+            for r in rows]
 
 
 def bad_nodes(rows: Sequence[Mapping[str, str]]) -> list[str]:

@@ -201,6 +201,21 @@ def statuses_of(hosts: Any, hostvars: Mapping[str, Any] | None = None) -> dict[s
     return out
 
 
+def cut_off_hosts(results: Mapping[str, Any]) -> list[str]:
+    """per_step: the hosts whose replica ended cut off from a group that finished the run: the
+    newest failure of the host has cause ``cut_off`` (its ``progress.stop_cause``) and another
+    host's ``progress.finished`` says the group finished the run (ddplab.records.group_finished).
+    Such a replica trained nothing alone (summary.json ``cut_off``): it reads ``cut off``, not
+    ``failed``. Without a host that finished, none is listed. ``results``: host -> a result that
+    holds ddplab.status's ``progress`` document (ddp_job_watch's, the fault role's
+    ddp_lab_progress's); a missing one counts as nothing read. The one home of the rule, for
+    status.yml's table and kill-node.yml."""
+    progress = {h: ((r if isinstance(r, Mapping) else {}).get("progress") or {}) for h, r in results.items()}
+    if not any(p.get("finished") for p in progress.values()):
+        return []
+    return [str(h) for h, p in progress.items() if p.get("stop_cause") == "cut_off" and not p.get("finished")]
+
+
 def running_hosts(hosts: Any, hostvars: Mapping[str, Any] | None = None) -> list[str]:
     """The hosts among ``hosts`` (names, in order) where the run looked at still runs:
     :func:`run_state_of` of each host's ``ddp_job_status`` (:func:`statuses_of`; a host without
@@ -267,5 +282,6 @@ class FilterModule:
             "ddp_job_stop_event": stop_event,
             "ddp_job_attach_plan": attach_plan,
             "ddp_job_running_hosts": running_hosts,
+            "ddp_job_cut_off_hosts": cut_off_hosts,
             "ddp_job_statuses": statuses_of,
         }

@@ -13,7 +13,8 @@ Options: ``metrics_dir`` (the run's ``<out_dir>/metrics`` on the node, required)
 (1), ``python`` (default ``<python_env_prefix>/bin/python``, ``/opt/ddp-lab/venv`` without it).
 
 Returns: ``records``, ``skipped_lines``, ``workers`` (newest record per worker, oldest first),
-``agent_state``, ``agent_substate``, ``agent_running``, ``agent_pid``, ``waited_s``,
+``agent_state``, ``agent_substate``, ``agent_running``, ``agent_pid``, ``progress`` (ddplab.status's
+document: ``step``, ``finished``, ``stop_cause``, ...), ``waited_s``,
 ``timed_out``, and with ``since`` ``phase`` (waiting | recovered | continued | finished | ended)
 and ``measure`` (a summary.json ``faults`` entry measured from this node's records). Fails when
 the command fails (no venv, no ddplab, unreadable metrics).
@@ -63,7 +64,7 @@ def to_result(doc: dict, inventory_name: str) -> dict:
     out = {"changed": False, "records": doc.get("records", 0), "skipped_lines": doc.get("skipped_lines", 0),
            "workers": workers, "agent_state": agent.get("state", "unknown"),
            "agent_substate": agent.get("substate", "unknown"), "agent_running": bool(agent.get("running")),
-           "agent_pid": agent.get("pid", 0)}
+           "agent_pid": agent.get("pid", 0), "progress": doc.get("progress") or {}}
     if "phase" in doc:
         out["phase"], out["measure"] = doc["phase"], doc["measure"]
     return out

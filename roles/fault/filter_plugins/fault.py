@@ -2,18 +2,33 @@
 lines compared without the options whose values differ from laptop to laptop
 (tasks/rejoin-launch.yml), the check of kill-node.yml's settings against the role's argument
 spec, once and in one line each, the target and the nodes still training (tasks/resolve.yml:
-:func:`resolve`, :func:`wait_timeout`, :func:`intent`) and the measurement's inputs, output and
-one-line outcome (tasks/report.yml: :func:`down_hosts`, :func:`measured_lines`, :func:`agent_end`,
-:func:`not_recovered`)."""
+:func:`resolve`, :func:`wait_timeout`, :func:`intent`, :func:`finished_refusal`) and the
+measurement's inputs, output and one-line outcome (tasks/report.yml: :func:`down_hosts`,
+:func:`measured_lines`, :func:`agent_end`, :func:`not_recovered`)."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+
+
+def _ddp_job_filters():
+    """The ddp_job role's filter plugin (filter_plugins/ddp_job.py: cut_off_hosts, the one home of
+    the ``cut off`` word status.yml shows), imported from its file: role plugins are files."""
+    path = Path(__file__).resolve().parents[2] / "ddp_job" / "filter_plugins" / "ddp_job.py"
+    spec = importlib.util.spec_from_file_location("ddp_job_role_filters", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+DDP_JOB = _ddp_job_filters()
 
 ENGINES = ("torchelastic", "per_step")
 # what a value of an argument spec type must be, in the words of a one-line refusal
@@ -58,13 +73,16 @@ def agent_states(progress: Mapping[str, Any], stop: Mapping[str, Any] | None = N
     """Host -> how kill-node.yml names its agent: ``running``; ``stopped by stop.yml at HH:MM:SS``
     for a host the run's ``kind: stop`` event names whose agent no longer runs (the event as the
     ``ddp_job_stop_event`` filter finds it: the fact status.yml and collect label the run "stopped"
-    from); else the agent unit's state and sub-state (``failed``, ``inactive dead``); ``down`` for a
-    host that was not read (off, unreachable).
+    from); ``cut off`` for a per_step replica that ended cut off from a group that finished the run
+    (ddp_job's ``cut_off_hosts``, the word status.yml shows); else the agent unit's state and
+    sub-state (``failed``, ``inactive dead``); ``down`` for a host that was not read (off,
+    unreachable).
 
     ``progress``: host -> its ``ddp_lab_progress`` result (skipped or unreachable: not read);
     ``stop``: the stop event ({} or None when the run was not stopped)."""
     stop = stop or {}
     stopped = set(stop.get("hosts") or [])
+    cut_off = set(DDP_JOB.cut_off_hosts(progress))
     when = time.strftime("%H:%M:%S", time.localtime(float(stop.get("time") or 0)))
     out: dict[str, str] = {}
     for host, res in progress.items():
@@ -75,6 +93,8 @@ def agent_states(progress: Mapping[str, Any], stop: Mapping[str, Any] | None = N
             out[host] = "running"
         elif host in stopped:
             out[host] = f"stopped by stop.yml at {when}"
+        elif host in cut_off:
+            out[host] = "cut off"
         else:
             unit = dict.fromkeys(str(res.get(k) or "") for k in ("agent_state", "agent_substate"))
             out[host] = " ".join(unit).strip()
@@ -141,7 +161,8 @@ def resolve(progress: Mapping[str, Any], stop: Mapping[str, Any] | None, node: s
         rank holder; None when there is none), ``target_rank`` and ``world_size`` (the newest of the
         target's / the active workers', None unknown), ``others`` (active hosts but the target) and
         ``probe`` (the node the recovery is watched from: the first other active host, else the
-        target). Raises ValueError when ``rank`` is not an integer.
+        target), ``finished`` (:func:`finished_group`). Raises ValueError when ``rank`` is not an
+        integer.
     """
     rank = int(rank)
     results = {h: r if isinstance(r, Mapping) else {} for h, r in progress.items()}
@@ -163,7 +184,36 @@ def resolve(progress: Mapping[str, Any], stop: Mapping[str, Any] | None, node: s
         "target_rank": None if mode == "rejoin" or not mine else mine[-1],
         "world_size": running[-1].get("world_size") if running else None,
         "others": others, "probe": (others + [target])[0],
+        "finished": finished_group(results),
     }
+
+
+def finished_group(progress: Mapping[str, Any]) -> dict[str, Any]:
+    """Whether the group finished the run: ``{hosts, step}``, the hosts whose ddplab.status
+    ``progress.finished`` says so (an ``end`` record since the node's newest start:
+    ddplab.records.group_finished) and the step the group ended at (the largest ``progress.step``
+    among them; None when no host finished). ``progress``: host -> its ``ddp_lab_progress``
+    result."""
+    read = {h: r.get("progress") for h, r in progress.items() if isinstance(r, Mapping)}
+    done = {h: p for h, p in read.items() if isinstance(p, Mapping) and p.get("finished")}
+    steps = [int(p["step"]) for p in done.values() if isinstance(p.get("step"), int)]
+    return {"hosts": list(done), "step": max(steps) if steps else None}
+
+
+def finished_refusal(plan: Mapping[str, Any], mode: str, run_id: str) -> str:
+    """kill-node.yml's one line when the run is finished (``plan``: :func:`resolve`; its
+    ``finished`` hosts, no agent running): the step its group ended at, that a rejoin has nothing
+    to join (another fault nothing to act on), every agent as :func:`agent_states` names it (a
+    replica cut off from the finished group reads ``cut off``, as in status.yml), and the fix:
+    collect the run, or start a new one."""
+    done = plan.get("finished") or {}
+    step = done.get("step")
+    what = (f"a rejoin of {plan.get('target')} has nothing to join" if mode == "rejoin"
+            else f"there is no training to inject {mode} into")
+    return (f"run {run_id} is finished: its group ended at step {'?' if step is None else step} "
+            f"({', '.join(done.get('hosts') or [])}); {what} (agents: {plan.get('agents')}); fix: "
+            f"nothing to recover: collect it (playbooks/collect.yml -e collect_run_id={run_id}) for "
+            "its result and report, or start a new run with site.yml")
 
 
 def intent(plan: Mapping[str, Any], check_mode: bool, mode: str, run_id: str, duration_s: Any,
@@ -257,4 +307,5 @@ class FilterModule:
                 "fault_agent_states": agent_states, "fault_host_values": host_values,
                 "fault_resolve": resolve, "fault_wait_timeout": wait_timeout, "fault_down_hosts": down_hosts,
                 "fault_agent_end": agent_end, "fault_not_recovered": not_recovered, "fault_intent": intent,
-                "fault_measured_lines": measured_lines}
+                "fault_measured_lines": measured_lines,
+                "fault_finished_refusal": finished_refusal}
