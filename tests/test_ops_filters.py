@@ -101,3 +101,27 @@ def test_collect_newest_checkpoints_snapshot_hosts_and_summary_lines():
     assert collect.collect_summary_lines(["run r1 - finished"], "/runs/r1", True) == [
         "run r1 - finished", "report: /runs/r1/report.html"]
     assert collect.collect_summary_lines(["run r1 - finished"], "/runs/r1", False) == ["run r1 - finished"]
+
+
+def test_collect_run_over_only_when_every_trainer_was_read_and_none_belongs_to_another_run():
+    ended = {"state": "succeeded", "unit_holds_run": True, "current_run": "r1", "progress": {"age_s": 30.0}}
+    over = collect.collect_run_over({"a": ended, "b": ended}, "r1", now=1000.0)
+    assert over == {"over": True, "why": "it ended on every trainer", "last_record": 970.0}
+    off = collect.collect_run_over({"a": ended, "b": {"state": "unreachable"}}, "r1", now=1000.0)
+    assert off["over"] is False and off["why"] == "not read on b (it may still run there)"
+    running = {**ended, "state": "running"}
+    assert collect.collect_run_over({"a": ended, "b": running}, "r1")["why"] == "it still runs on b"
+    later = {**ended, "current_run": "r2"}
+    why = collect.collect_run_over({"a": ended, "b": later}, "r1")["why"]
+    assert why == "a later launch holds b (run r2)"
+
+
+def test_collect_services_of_run_by_their_start():
+    store = {"running": True, "port": 29400, "started_at": 900.0}
+    assert collect.collect_services_of_run({"running": False}, {}, 950.0) == {"stop": False, "line": ""}
+    assert collect.collect_services_of_run(store, {}, 950.0)["stop"] is True
+    lighthouse = {"running": True, "port": 29510, "started_at": 990.0}
+    late = collect.collect_services_of_run(store, lighthouse, 950.0)
+    assert late == {"stop": False, "line": "rendezvous store on port 29400 and torchft lighthouse on port "
+                                           "29510 left running: the torchft lighthouse started after the "
+                                           "run's last record (a later launch's)"}

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import importlib.util
+import time
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 
@@ -90,6 +93,73 @@ def collect_summary_lines(summary_lines: Iterable[str], run_dir: str, report: An
     return [*(summary_lines or []), *tail]
 
 
+def _ddp_job_filters():
+    """The ddp_job role's filter plugin (run_state_of: the one home of a node's run state),
+    imported from its file: role plugins are files, not packages."""
+    path = Path(__file__).resolve().parents[2] / "ddp_job" / "filter_plugins" / "ddp_job.py"
+    spec = importlib.util.spec_from_file_location("ddp_job_role_filters_for_collect", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+DDP_JOB = _ddp_job_filters()
+
+
+def collect_run_over(statuses: Mapping[str, Any], run_id: str, now: float | None = None) -> dict[str, Any]:
+    """Whether run ``run_id`` is over on every trainer, so that collect may end its rendezvous store
+    and lighthouse (site.yml -e ddp_job_watch=false leaves them to whoever collects the run):
+    ``{over, why, last_record}``. ``statuses``: host -> its ``ddp_job_status`` (ddplab.status read
+    by ddp_job tasks/state.yml). Not over when a trainer could not be read (it may still train),
+    the run still runs on one (ddp_job's ``run_state_of``), or a trainer belongs to another run
+    already: its agent unit runs another run, or its ``current_run`` names another (a later
+    launch shipped; the services are that launch's). ``why``: the reason, one clause;
+    ``last_record``: unix time of the run's newest record on any trainer (``now`` minus the
+    smallest ``progress.age_s``; None without records), which the services' start times are
+    compared with (:func:`collect_services_of_run`)."""
+    now = time.time() if now is None else float(now)
+    ages = [float(a) for r in statuses.values()
+            if (a := (((r or {}).get("progress") or {}).get("age_s"))) is not None]
+    last = now - min(ages) if ages else None
+    unread = [h for h, r in statuses.items() if (r or {}).get("state") in (None, "unreachable", "error")]
+    running = [h for h, r in statuses.items() if DDP_JOB.run_state_of(r, h) == "running"]
+    other = sorted({f"{h} (run {(r or {}).get('current_run') or '?'})" for h, r in statuses.items()
+                    if ((r or {}).get("unit_holds_run") is False and (r or {}).get("state") == "running")
+                    or ((r or {}).get("current_run") not in (None, "", run_id))})
+    if not statuses:
+        why = "no trainer was read"
+    elif unread:
+        why = f"not read on {', '.join(unread)} (it may still run there)"
+    elif running:
+        why = f"it still runs on {', '.join(running)}"
+    elif other:
+        why = f"a later launch holds {', '.join(other)}"
+    else:
+        return {"over": True, "why": "it ended on every trainer", "last_record": last}
+    return {"over": False, "why": why, "last_record": last}
+
+
+def collect_services_of_run(store: Mapping[str, Any] | None, lighthouse: Mapping[str, Any] | None,
+                            last_record: Any = None) -> dict[str, Any]:
+    """Whether the running store and lighthouse (``ddplab.controller.supervisor`` status documents;
+    {} when not read) are the run's, so that collect ends them: ``{stop, line}``. ``stop`` False
+    when none runs, or when one started (``started_at``) after the run's newest record
+    (``last_record``, unix s, :func:`collect_run_over`): a later launch's. ``line``: what collect
+    says."""
+    docs = (("rendezvous store", store or {}), ("torchft lighthouse", lighthouse or {}))
+    running = {name: doc for name, doc in docs if doc.get("running")}
+    if not running:
+        return {"stop": False, "line": ""}
+    names = " and ".join(f"{n} on port {d.get('port', '?')}" for n, d in running.items())
+    if last_record is not None:
+        later = [n for n, d in running.items()
+                 if float(d.get("started_at") or 0.0) > float(last_record) + 1.0]
+        if later:
+            return {"stop": False, "line": (f"{names} left running: the {' and '.join(later)} started after "
+                                            "the run's last record (a later launch's)")}
+    return {"stop": True, "line": f"the run ended on every trainer: stopping its {names}"}
+
+
 class FilterModule:
     """The filters above."""
 
@@ -102,4 +172,6 @@ class FilterModule:
             "collect_newest": collect_newest,
             "collect_snapshot_hosts": collect_snapshot_hosts,
             "collect_summary_lines": collect_summary_lines,
+            "collect_run_over": collect_run_over,
+            "collect_services_of_run": collect_services_of_run,
         }
