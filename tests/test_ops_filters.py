@@ -5,22 +5,12 @@ expressions)."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _load(name: str, path: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
+from test_status_table import ROOT, _load
+from test_status_table import filters as ddp_job
 
 collect = _load("collect_role_filters", "roles/collect/filter_plugins/collect.py")
-ddp_job = _load("ddp_job_role_filters_ops", "roles/ddp_job/filter_plugins/ddp_job.py")
 
 # a Jinja expression that is more than a variable passed through filters: inline if/else,
 # dict()/zip()/map('extract') building, reject/select tests
