@@ -8,8 +8,8 @@ measurement's inputs, output and one-line outcome (tasks/report.yml: :func:`down
 
 from __future__ import annotations
 
-import importlib.util
 import re
+import runpy
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -17,18 +17,9 @@ from typing import Any
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
-
-def _ddp_job_filters():
-    """The ddp_job role's filter plugin (filter_plugins/ddp_job.py: cut_off_hosts, the one home of
-    the ``cut off`` word status.yml shows), imported from its file: role plugins are files."""
-    path = Path(__file__).resolve().parents[2] / "ddp_job" / "filter_plugins" / "ddp_job.py"
-    spec = importlib.util.spec_from_file_location("ddp_job_role_filters", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-DDP_JOB = _ddp_job_filters()
+#: the ddp_job role's filter plugin, run from its file (role plugins are files, not packages):
+#: its cut_off_hosts is the one home of the ``cut off`` word status.yml shows
+DDP_JOB = runpy.run_path(str(Path(__file__).resolve().parents[2] / "ddp_job/filter_plugins/ddp_job.py"))
 
 ENGINES = ("torchelastic", "per_step")
 # what a value of an argument spec type must be, in the words of a one-line refusal
@@ -82,7 +73,7 @@ def agent_states(progress: Mapping[str, Any], stop: Mapping[str, Any] | None = N
     ``stop``: the stop event ({} or None when the run was not stopped)."""
     stop = stop or {}
     stopped = set(stop.get("hosts") or [])
-    cut_off = set(DDP_JOB.cut_off_hosts(progress))
+    cut_off = set(DDP_JOB["cut_off_hosts"](progress))
     when = time.strftime("%H:%M:%S", time.localtime(float(stop.get("time") or 0)))
     out: dict[str, str] = {}
     for host, res in progress.items():
