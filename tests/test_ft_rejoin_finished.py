@@ -69,11 +69,10 @@ def records(host: str, last: dict) -> str:
     return "".join(json.dumps(r) + "\n" for r in recs)
 
 
-@pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
-@pytest.mark.skipif(os.geteuid() != 0, reason="the role reads the run's files as ddp_lab_user (root here)")
-def test_kill_node_rejoin_after_the_group_finished_says_the_run_is_finished(tmp_path, monkeypatch):
-    """Both laptops are this machine (local connection, each with its own base folder): laptop-a
-    wrote the end record of step 10, laptop-b's newest record is a cut_off failure."""
+def kill_node_on_a_finished_run(tmp_path, monkeypatch, *extra: str):
+    """kill-node.yml on run r1 that laptop-a finished (the end record of step 10) while laptop-b's
+    newest record is a cut_off failure; both laptops are this machine (local connection, each with
+    its own base folder). Returns (returncode, the play's output in one line)."""
     hosts = {}
     for host, last in (("laptop-a", {"event": "end", "step": 10}),
                        ("laptop-b", {"event": "failure", "step": 5, "cause": "cut_off",
@@ -91,11 +90,31 @@ def test_kill_node_rejoin_after_the_group_finished_says_the_run_is_finished(tmp_
     # ddp_lab_progress runs `python -m ddplab.status` on the node: here this Python, train/ on its path
     paths = (str(ROOT / "train"), os.environ.get("PYTHONPATH"))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
-    r = play(tmp_path, inv, ROOT / "kill-node.yml", "fault=rejoin", "node=laptop-b", "run_id=r1",
-             "ddp_lab_user=root")
-    out = " ".join((r.stdout + r.stderr).split())
-    assert r.returncode != 0, out
+    r = play(tmp_path, inv, ROOT / "kill-node.yml", *extra, "run_id=r1", "ddp_lab_user=root")
+    return r.returncode, " ".join((r.stdout + r.stderr).split())
+
+
+needs_a_play = pytest.mark.skipif(
+    PLAYBOOK is None or os.geteuid() != 0,
+    reason="needs ansible-playbook (make venv) and root (the role reads the run's files as ddp_lab_user)")
+
+
+@needs_a_play
+def test_kill_node_rejoin_after_the_group_finished_says_the_run_is_finished(tmp_path, monkeypatch):
+    rc, out = kill_node_on_a_finished_run(tmp_path, monkeypatch, "fault=rejoin", "node=laptop-b")
+    assert rc != 0, out
     assert ("run r1 is finished: its group ended at step 10 (laptop-a); a rejoin of laptop-b has "
             "nothing to join") in out, out
     assert "laptop-b cut off" in out, out
     assert "start the job on the trainers" not in out, out
+
+
+@needs_a_play
+def test_kill_node_by_rank_on_a_finished_run_says_the_run_is_finished(tmp_path, monkeypatch):
+    """The README's example (-e fault=kill-agent -e rank=0) on a finished run: no worker holds a
+    rank any more, but the refusal is that the run is finished, not ``a rank below the world size``."""
+    rc, out = kill_node_on_a_finished_run(tmp_path, monkeypatch, "fault=kill-agent", "rank=0")
+    assert rc != 0, out
+    assert ("run r1 is finished: its group ended at step 10 (laptop-a); there is no training to "
+            "inject kill-agent into") in out, out
+    assert "no running worker" not in out and "a rank below the world size" not in out, out
