@@ -16,12 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from jinja2 import Environment
+from jinja2.filters import do_truncate
 
 #: the ddp_job role's filter plugin, run from its file (role plugins are files, not packages):
 #: its cut_off_hosts is the one home of the ``cut off`` word status.yml shows
 DDP_JOB = runpy.run_path(str(Path(__file__).resolve().parents[2] / "ddp_job/filter_plugins/ddp_job.py"))
 
 ENGINES = ("torchelastic", "per_step")
+#: Jinja's own truncate filter needs an environment (its default leeway policy; Ansible's is 5)
+JINJA = Environment(autoescape=False)  # noqa: S701  (plain text for a fail_msg, not HTML)
 # what a value of an argument spec type must be, in the words of a one-line refusal
 KINDS = {"int": "an integer", "float": "a number", "bool": "true or false", "dict": "a mapping",
          "list": "a list", "path": "a path", "str": "a string"}
@@ -262,14 +266,6 @@ def agent_end(host: str, unit: Mapping[str, Any] | None, journal: str | None) ->
     ])
 
 
-def _truncate(text: str, length: int = 200, leeway: int = 5) -> str:
-    """``text`` cut at a word boundary to at most ``length`` characters with ``...`` (as Jinja's
-    truncate filter with Ansible's leeway of 5)."""
-    if len(text) <= length + leeway:
-        return text
-    return text[:length - 3].rsplit(" ", 1)[0] + "..."
-
-
 def not_recovered(progress: Mapping[str, Any], run_id: str, mode: str, target: str, target_rank: Any,
                   timeout_s: Any, ends: Mapping[str, Any], unit: str) -> str:
     """The one-line failure of a fault the job did not recover from: the run, whether it ``ended``
@@ -286,7 +282,7 @@ def not_recovered(progress: Mapping[str, Any], run_id: str, mode: str, target: s
            f"Fix: look at journalctl -u {unit} on the nodes, or wait longer (-e fault_wait_timeout_s=...)")
     how = "ended" if ended else f"did not recover within {timeout_s} s"
     return (f"run {run_id} {how} after {mode} of {target}{rank}. Agents: {agents}."
-            f" Last failure record: {_truncate(cause)}. {fix}")
+            f" Last failure record: {do_truncate(JINJA, cause, 200, leeway=5)}. {fix}")
 
 
 class FilterModule:
