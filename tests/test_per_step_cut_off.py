@@ -279,7 +279,7 @@ def test_a_worker_started_while_the_lighthouse_is_out_of_reach_waits_for_it_in_o
     rep = Replica(tmp_path, "node0", lighthouse, data_path, max_steps=30, eval_interval=10,
                   ft_quorum_timeout_s=2, ft_rejoin_wait_s=60)
     rep.start()
-    wait_until("the connect is slow", lambda: "does not answer yet" in rep.output(tail=0), [rep], 60)
+    wait_until("the connect is slow", lambda: "keeps trying to connect" in rep.output(tail=0), [rep], 60)
     thawed = time.time()
     lighthouse.proc.send_signal(signal.SIGCONT)
     code = rep.wait(120)

@@ -223,7 +223,9 @@ class Replica:
         # route is back) waits for it in this life instead of spending a torchrun restart per
         # connect timeout: torchft's own connect retries with backoff (100 ms growing to 10 s)
         # for up to the Manager's ``connect_timeout``, set to the bound of a replica without
-        # quorum, ft_quorum_timeout_s + ft_rejoin_wait_s.
+        # quorum, ft_quorum_timeout_s + ft_rejoin_wait_s. That bound is for the first connect
+        # only: the Manager then keeps ``_connect_timeout`` for the client that fetches a peer's
+        # state when healing, which is set back to ft_quorum_timeout_s (see _masked_manager).
         bound = cfg.ft_quorum_timeout_s + cfg.ft_rejoin_wait_s
         started = time.monotonic()
         try:
@@ -246,19 +248,29 @@ class Replica:
         SIGTERM/SIGINT blocked: the kernel then delivers them to this thread, and a wait for a
         quorum (a lock wait) is interrupted at once instead of up to the quorum timeout.
 
-        While torchft connects to the lighthouse, one line says so if that takes longer than
-        ``ft_timeout_s`` (the lighthouse out of reach: torchft keeps trying, see ``__init__``)."""
+        If building the Manager (its store, its server, its connect to the lighthouse) takes
+        longer than ``ft_timeout_s``, one line says so (torchft keeps trying, see ``__init__``).
+
+        The longer connect bound given to the Manager is for its first connect only: torchft
+        0.2.0 keeps the Manager's ``connect_timeout`` (private ``_connect_timeout``) for the
+        client that fetches a peer's state when healing, so that is set back to
+        ``ft_quorum_timeout_s`` here: a heal from a peer that was just powered off fails within
+        it, not within ft_quorum_timeout_s + ft_rejoin_wait_s. torchft has no public setter."""
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
         bound = cfg.ft_quorum_timeout_s + cfg.ft_rejoin_wait_s
         announce = threading.Timer(cfg.ft_timeout_s, lambda: print(
-            f"[ddplab] replica {self.replica_id}: the lighthouse {cfg.ft_lighthouse} does not answer "
-            f"yet; torchft keeps trying to connect (at most {bound:g} s: ft_quorum_timeout_s + "
+            f"[ddplab] replica {self.replica_id}: its start is taking longer than "
+            f"{cfg.ft_timeout_s:g} s (ft_timeout_s; lighthouse at {cfg.ft_lighthouse}); torchft "
+            f"keeps trying to connect for at most {bound:g} s (ft_quorum_timeout_s + "
             "ft_rejoin_wait_s)", flush=True))
         announce.daemon = True
         try:
             announce.start()
             manager = self._manager(cfg, *args)
-            manager._executor.submit(int).result()  # start the quorum thread now, masked
+            manager._connect_timeout = timedelta(seconds=cfg.ft_quorum_timeout_s)  # the heal's
+            # torchft has no public way to start the quorum thread: one no-op task on its
+            # private executor starts it now, with the signals masked
+            manager._executor.submit(int).result()
             return manager
         finally:
             announce.cancel()
