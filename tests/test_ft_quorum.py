@@ -109,6 +109,29 @@ def test_the_heal_client_gets_the_quorum_timeout_not_the_first_connect_bound(mak
         torchft.manager.Manager._async_quorum)
 
 
+def test_a_heal_fetches_the_peer_state_with_the_quorum_timeout(make_replica, monkeypatch):
+    """A real heal: node1 (step 0) joins node0 (step 5) and fetches its state; the client torchft
+    builds for that gets ft_quorum_timeout_s (2 s) as connect timeout (before: 62 s)."""
+    import torchft.manager
+
+    ahead = make_replica(ft_replica_id="node0", ft_min_replicas=2)
+    behind = make_replica(ft_replica_id="node1", ft_min_replicas=2)
+    ahead.manager.load_state_dict({"step": 5, "batches_committed": 0})
+    real, built = torchft.manager.ManagerClient, []
+
+    def recording(addr, connect_timeout):
+        built.append(connect_timeout)
+        return real(addr, connect_timeout=connect_timeout)
+
+    monkeypatch.setattr(torchft.manager, "ManagerClient", recording)
+    other = threading.Thread(target=ahead.start_step)
+    other.start()
+    assert behind.start_step() is not None
+    other.join(30)
+    assert behind.step == 5  # healed from node0
+    assert built == [timedelta(seconds=2)]
+
+
 def test_a_lighthouse_out_of_reach_past_the_bound_ends_the_replica_cut_off(make_replica, lighthouse):
     from ddplab.ft import CutOffError
 
