@@ -6,15 +6,19 @@ expressions)."""
 from __future__ import annotations
 
 import re
+import time
 
+import pytest
 from test_status_table import ROOT, _load
 from test_status_table import filters as ddp_job
 
 collect = _load("collect_role_filters", "roles/collect/filter_plugins/collect.py")
 
-# a Jinja expression that is more than a variable passed through filters: inline if/else,
-# dict()/zip()/map('extract') building, reject/select tests
-LOGIC = re.compile(r"\bif\b.*\belse\b|dict\(|\bzip\b|'extract'|reject\(|selectattr\(")
+# a Jinja expression that is more than a variable passed through filters: inline if/else (also split
+# over lines), dict()/zip()/map('extract') building, list building (literal lists joined with +,
+# product, map('join'), map('regex_replace') over a list), reject/select tests
+LOGIC = re.compile(r"\bif\b.*\belse\b|dict\(|\bzip\b|'extract'|reject\(|selectattr\("
+                   r"|\]\s*\+|\+\s*\[|\bproduct\b|map\(\s*'(?:join|regex_replace)'", flags=re.S)
 
 
 def _expressions(path: str) -> list[str]:
@@ -59,6 +63,23 @@ def test_statuses_and_the_attach_refusal():
     assert "(none: no runs/current" in ddp_job.attach_plan({"a": None}, {}, "")["problem"]
 
 
+def test_the_logic_check_catches_split_if_else_and_list_building():
+    """Review, session 9: an if/else over two lines and node.yml's list building passed the check."""
+    caught = [" a\n if b\n else c ", " [x ~ '/logs'] + (f | map('regex_replace', '^', d) | list) ",
+              " n | product(['', '.sha256']) | map('join') | list ", " x + ['a'] "]
+    assert [bool(LOGIC.search(e)) for e in caught] == [True] * len(caught)
+    passed = [" d | collect_pack_paths(files, newest) ", " __collect_ckpts.files | collect_newest(n) "]
+    assert [bool(LOGIC.search(e)) for e in passed] == [False] * len(passed)
+
+
+def test_collect_pack_paths():
+    assert collect.collect_pack_paths("/b/runs/r1/", ["run.json", "invocations"],
+                                      ["/b/runs/r1/checkpoints/ckpt-00000300.pt"]) == [
+        "/b/runs/r1/logs", "/b/runs/r1/metrics", "/b/runs/r1/run.json", "/b/runs/r1/invocations",
+        "/b/runs/r1/checkpoints/ckpt-00000300.pt", "/b/runs/r1/checkpoints/ckpt-00000300.pt.sha256"]
+    assert collect.collect_pack_paths("/r", [], []) == ["/r/logs", "/r/metrics"]
+
+
 def test_no_jinja_logic_left_in_the_collect_and_attach_tasks():
     tasks = [f"roles/collect/tasks/{t}.yml" for t in ("main", "take", "node")]
     tasks += [f"roles/ddp_job/tasks/{t}.yml" for t in ("attach", "logs", "table")]
@@ -86,6 +107,8 @@ def test_collect_newest_checkpoints_snapshot_hosts_and_summary_lines():
     assert collect.collect_newest(files, "2") == ["/r/checkpoints/ckpt-00000200.pt",
                                                   "/r/checkpoints/ckpt-00000300.pt"]
     assert collect.collect_newest(files, 0) == [] and collect.collect_newest([], 3) == []
+    with pytest.raises(ValueError, match=r"^collect_checkpoints must be a whole number .*got 'two'"):
+        collect.collect_newest(files, "two")
     assert collect.collect_snapshot_hosts(["a", "b"], True) == "a,b"
     assert collect.collect_snapshot_hosts(["a", "b"], "false") == ""
     assert collect.collect_summary_lines(["run r1 - finished"], "/runs/r1", True) == [
@@ -115,3 +138,14 @@ def test_collect_services_of_run_by_their_start():
     assert late == {"stop": False, "line": "rendezvous store on port 29400 and torchft lighthouse on port "
                                            "29510 left running: the torchft lighthouse started after the "
                                            "run's last record (a later launch's)"}
+
+
+def test_collect_services_of_run_without_records_stops_nothing():
+    """Review, session 9: with no record of the run on any trainer nothing tells its store from a
+    later launch's that started it but has not shipped current_run yet: it stays."""
+    store = {"running": True, "port": 29400, "started_at": time.time()}
+    for fresh in (store, {**store, "started_at": 0.0}):
+        kept = collect.collect_services_of_run(fresh, {}, None)
+        assert kept["stop"] is False, kept
+        assert kept["line"].startswith("rendezvous store on port 29400 left running: the run has no record "
+                                       "on any trainer"), kept

@@ -75,9 +75,27 @@ def collect_journal_argv(invocations_b64: Any, unit: str) -> list[str]:
 
 def collect_newest(files: Iterable[Mapping[str, Any]], count: Any) -> list[str]:
     """The paths of the ``count`` newest checkpoints among ``ansible.builtin.find``'s ``files``
-    (``ckpt-<step>.pt``, zero-padded: newest = last by name); [] for ``count`` <= 0."""
-    n = int(count)
+    (``ckpt-<step>.pt``, zero-padded: newest = last by name); [] for ``count`` <= 0.
+
+    Raises ValueError (one line naming ``collect_checkpoints``) when ``count`` is not a whole
+    number, e.g. ``-e collect_checkpoints=two``."""
+    try:
+        n = int(str(count).strip())
+    except ValueError:
+        raise ValueError(f"collect_checkpoints must be a whole number of checkpoints to bring home, "
+                         f"got {count!r}; fix: -e collect_checkpoints=<n> (0: none)") from None
     return sorted(str(f["path"]) for f in files or [])[-n:] if n > 0 else []
+
+
+def collect_pack_paths(run_dir: str, files: Iterable[str], newest: Iterable[str]) -> list[str]:
+    """What collect packs on a node, as absolute paths under the node's run folder ``run_dir``: its
+    ``logs`` and ``metrics`` folders, the small ``files`` (names relative to ``run_dir``), and each of
+    the ``newest`` checkpoints (:func:`collect_newest`) with its ``.sha256`` beside it."""
+    base = str(run_dir).rstrip("/")
+    out = [f"{base}/logs", f"{base}/metrics", *(f"{base}/{f}" for f in files or ())]
+    for ckpt in newest or ():
+        out += [str(ckpt), f"{ckpt}.sha256"]
+    return out
 
 
 def collect_snapshot_hosts(running: Iterable[str], snapshot: Any) -> str:
@@ -143,7 +161,9 @@ def collect_services_of_run(store: Mapping[str, Any] | None, lighthouse: Mapping
                             last_record: Any = None) -> dict[str, Any]:
     """Whether the running store and lighthouse (``ddplab.controller.supervisor`` status documents;
     {} when not read) are the run's, so that collect ends them: ``{stop, line}``. ``stop`` False
-    when none runs, or when one started (``started_at``) after the run's newest record
+    when none runs, when the run has no record on any trainer (``last_record`` None: nothing proves
+    they are the run's, a later launch that started its store but has not shipped ``current_run``
+    yet may hold them), or when one started (``started_at``) after the run's newest record
     (``last_record``, unix s, :func:`collect_run_over`): a later launch's. ``line``: what collect
     says."""
     docs = (("rendezvous store", store or {}), ("torchft lighthouse", lighthouse or {}))
@@ -151,12 +171,14 @@ def collect_services_of_run(store: Mapping[str, Any] | None, lighthouse: Mapping
     if not running:
         return {"stop": False, "line": ""}
     names = " and ".join(f"{n} on port {d.get('port', '?')}" for n, d in running.items())
-    if last_record is not None:
-        later = [n for n, d in running.items()
-                 if float(d.get("started_at") or 0.0) > float(last_record) + 1.0]
-        if later:
-            return {"stop": False, "line": (f"{names} left running: the {' and '.join(later)} started after "
-                                            "the run's last record (a later launch's)")}
+    if last_record is None:  # nothing ties them to the run: a later launch may hold them already
+        return {"stop": False, "line": (f"{names} left running: the run has no record on any trainer to "
+                                        "tell its services from a later launch's; fix: end them with "
+                                        "`ansible-playbook playbooks/stop.yml` when no run uses them")}
+    later = [n for n, d in running.items() if float(d.get("started_at") or 0.0) > float(last_record) + 1.0]
+    if later:
+        return {"stop": False, "line": (f"{names} left running: the {' and '.join(later)} started after "
+                                        "the run's last record (a later launch's)")}
     return {"stop": True, "line": f"the run ended on every trainer: stopping its {names}"}
 
 
@@ -170,6 +192,7 @@ class FilterModule:
             "collect_registered": collect_registered,
             "collect_journal_argv": collect_journal_argv,
             "collect_newest": collect_newest,
+            "collect_pack_paths": collect_pack_paths,
             "collect_snapshot_hosts": collect_snapshot_hosts,
             "collect_summary_lines": collect_summary_lines,
             "collect_run_over": collect_run_over,
