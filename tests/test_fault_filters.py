@@ -89,6 +89,8 @@ def test_host_values_and_down_hosts():
     hostvars = {"a": {"__fault_up": True}, "b": {"__fault_up": False}, "c": {}}
     up = ff.host_values(["a", "b", "c"], hostvars, "__fault_up")
     assert up == {"a": True, "b": False, "c": None}
+    # a host hostvars does not hold (Ansible's hostvars gives an undefined there): None, no KeyError
+    assert ff.host_values(["a", "gone"], hostvars, "__fault_up") == {"a": True, "gone": None}
     assert ff.down_hosts(up) == "b,c"
     assert ff.down_hosts({"a": True}) == ""
 

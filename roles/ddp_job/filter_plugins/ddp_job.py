@@ -190,15 +190,25 @@ def run_state_of(res: Mapping[str, Any] | None, host: str, stop: Mapping[str, An
     return state
 
 
-def statuses_of(hosts: Any, hostvars: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Host -> its ``ddp_job_status`` (read from ``hostvars``, e.g. Ansible's ``hostvars``; None for
-    a host without one), for each of ``hosts`` (names) in order."""
+def host_values(hosts: Any, hostvars: Mapping[str, Any] | None, name: str,
+                default: Any = None) -> dict[str, Any]:
+    """Host -> its variable ``name`` (e.g. a registered result) in ``hostvars`` (Ansible's
+    ``hostvars``, or a mapping host -> variables), for each of ``hosts`` (names) in order.
+    ``default`` for a host without the variable and for a host ``hostvars`` does not hold (Ansible's
+    hostvars gives an undefined there): no KeyError. The one home of this lookup (the fault role's
+    fault_host_values is this function)."""
     hostvars = hostvars if hostvars is not None else {}
     out: dict[str, Any] = {}
     for host in hosts or ():
         vars_ = hostvars.get(host, {})
-        out[str(host)] = vars_.get("ddp_job_status") if isinstance(vars_, Mapping) else None
+        out[str(host)] = vars_.get(name, default) if isinstance(vars_, Mapping) else default
     return out
+
+
+def statuses_of(hosts: Any, hostvars: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Host -> its ``ddp_job_status`` (:func:`host_values`; None for a host without one), for each
+    of ``hosts`` (names) in order."""
+    return host_values(hosts, hostvars, "ddp_job_status")
 
 
 def cut_off_hosts(results: Mapping[str, Any]) -> list[str]:

@@ -132,10 +132,9 @@ def argument_problems(values: Mapping[str, Any], options: Mapping[str, Mapping[s
     return out
 
 
-def host_values(hosts: Iterable[str], hostvars: Mapping[str, Mapping[str, Any]], name: str) -> dict[str, Any]:
-    """``{host: hostvars[host][name]}`` for each of ``hosts``, in order; None for a host that has no
-    such variable (e.g. a task skipped there registered nothing)."""
-    return {h: hostvars[h].get(name) for h in hosts}
+#: ``{host: hostvars[host][name]}`` for each host, in order; None for a host without the variable
+#: (a task skipped there registered nothing) or unknown to hostvars (no KeyError): ddp_job's lookup
+host_values = DDP_JOB["host_values"]
 
 
 def resolve(progress: Mapping[str, Any], stop: Mapping[str, Any] | None, node: str, rank: Any,
