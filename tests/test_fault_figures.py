@@ -18,7 +18,7 @@ from ddplab import faults
 from ddplab.controller import rundir
 from ddplab.controller import summary as sm
 from ddplab.controller.report import data, load_run
-from test_faults import ABC, T0, Run
+from test_faults import AB, ABC, T0, Run
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TE = FIXTURES / "torchelastic_faults_7570"
@@ -396,6 +396,55 @@ def test_steps_lost_add_up_over_the_groups_of_the_path(tmp_path):
             for g in m.interim_groups] == [(["laptop-c"], 20, 25, 5)]
     assert m.steps_lost == 2 and m.cause == "laptop-c (rank 2): gloo: Connection reset by peer"
     assert m.recovered_s == pytest.approx(16.5)
+
+
+def test_the_pages_world_sizes_are_the_tables_path():
+    """Fault.ws_text is faults.path_text with the page's arrow (an old summary without
+    world_size_path: before -> after; '—' when no size is known)."""
+    assert data.Fault("kill-agent", "laptop-a", 0, 1.0, world_size_path=(3, 1, 2)).ws_text == "3 → 1 → 2"
+    old = data.Fault("poweroff", "laptop-b", 1, 1.0, world_size_before=3, world_size_after=None)
+    assert old.ws_text == "3 → -"
+    assert data.Fault("freeze", "laptop-b", 1, 1.0).ws_text == "—"
+
+
+def _kill_agent_at_step_20(tmp_path: Path, target: str, group: tuple[str, ...]) -> Run:
+    """A run of three whose ``target`` agent is killed after step 20; ``group`` re-forms 4.5 s
+    later, resumes from 20 and trains steps 21-300 (step 21 at T0+25, one a second)."""
+    run = Run(tmp_path)
+    run.start(ABC, T0 - 1)
+    run.steps(ABC, 1, 20, T0)
+    run.fault("kill-agent", target, T0 + 19.5, rank=ABC.index(target))
+    for i, h in enumerate(ABC):
+        if h != target:
+            run.failure(h, T0 + 19.8 + 0.1 * i, i, 3, step=20)
+    run.start(group, T0 + 24, resumed_from_step=20, restart_count=1)
+    run.steps(group, 21, 300, T0 + 25)
+    return run
+
+
+def test_a_later_change_of_group_size_is_not_the_recovery(tmp_path):
+    """Review: kill-agent 3 -> 2 recovered after 5.5 s; 5 min later laptop-b's agent died on its own
+    and a group of 1 formed. The old rule took the last group that trained in the fault's window:
+    recovered_s 316.5, path [3, 2, 1] and an 'interim group' of laptop-a, laptop-b."""
+    run = _kill_agent_at_step_20(tmp_path, "laptop-c", AB)       # step 300 at T0+304
+    run.failure("laptop-a", T0 + 305, 0, 2, step=300)
+    run.start(("laptop-a",), T0 + 335, resumed_from_step=300, restart_count=2)
+    run.steps(("laptop-a",), 301, 310, T0 + 336)
+    (m,) = run.measures()
+    assert (m.outcome, m.world_size_path, m.interim_groups) == ("recovered", [3, 2], [])
+    assert m.recovered_s == pytest.approx(5.5)
+    assert (m.last_step_before, m.resumed_from_step, m.steps_lost) == (20, 20, 0)
+
+
+def test_a_larger_group_long_after_the_recovery_is_not_a_latecomer(tmp_path):
+    """3 -> 1 recovered; the missing agent came back on its own 5 min later (no rejoin event): the
+    group of 1 is the recovery, not an interim group of a 3 -> 1 -> 2 path."""
+    run = _kill_agent_at_step_20(tmp_path, "laptop-a", ("laptop-c",))
+    run.start(("laptop-b", "laptop-c"), T0 + 330, resumed_from_step=300, restart_count=2)
+    run.steps(("laptop-b", "laptop-c"), 301, 310, T0 + 331)
+    (m,) = run.measures()
+    assert (m.world_size_path, m.interim_groups, m.resumed_from_step) == ([3, 1], [], 20)
+    assert m.recovered_s == pytest.approx(5.5)
 
 
 def test_a_fault_without_recovery_or_duration_holds_the_training_until_the_next_step(tmp_path):

@@ -25,9 +25,13 @@ For an injection at time ``T`` (records up to the next injection count for it), 
     go, not that the group noticed, and a node that is off cannot be read while the fault role
     measures, so the figure would otherwise depend on when it was measured.
 ``recovered_s``
-    ``T`` to the first ``step`` record of a generation that started after ``T``: training going
-    again, at ``world_size_after``. A restart that does not change the world size (kill-worker)
-    counts, since the step was completed by the new group.
+    ``T`` to the first ``step`` record of the recovering group (:func:`_recovering_gens`): the
+    first group started after ``T`` that completed a step, or, when a LARGER group that completed
+    a step started within :data:`INTERIM_MAX_S` s (or :data:`INTERIM_MAX_STEP_TIMES` step times,
+    whichever is longer) of it, that one (a latecomer joined: 3 -> 1 -> 2, the smaller group is
+    interim). Training going again, at ``world_size_after``. A restart that does not change the
+    world size (kill-worker) counts, since the step was completed by the new group; a later
+    change of group size (an agent dying on its own minutes later) is not the recovery.
 ``last_step_before``
     the step the ORIGINAL group had completed when it stopped for the fault: :func:`step_at` the
     ``start`` of the first generation after ``T`` (``recovered``: an interim group's or the
@@ -202,12 +206,18 @@ class FaultMeasure:
         return interim_text(self.to_dict(), arrow)
 
 
-def path_text(fault: Mapping[str, Any], arrow: str = "->") -> str:
-    """A ``faults`` entry's world sizes in order, e.g. ``3->1->2``: its ``world_size_path`` (an
-    entry written before that field existed: ``world_size_before``, ``world_size_after``); ``-``
-    for an unknown size."""
+def world_size_path(fault: Mapping[str, Any]) -> list[Any]:
+    """A ``faults`` entry's world sizes in order, e.g. ``[3, 1, 2]``: its ``world_size_path`` (an
+    entry written before that field existed: ``[world_size_before, world_size_after]``); None for
+    an unknown size."""
     path = fault.get("world_size_path") or [fault.get("world_size_before"), fault.get("world_size_after")]
-    return arrow.join(_fmt(w) for w in path)
+    return list(path)
+
+
+def path_text(fault: Mapping[str, Any], arrow: str = "->") -> str:
+    """:func:`world_size_path` of a ``faults`` entry as text, e.g. ``3->1->2``; ``-`` for an
+    unknown size."""
+    return arrow.join(_fmt(w) for w in world_size_path(fault))
 
 
 def interim_text(fault: Mapping[str, Any], arrow: str = "->") -> str:
@@ -358,7 +368,9 @@ def measure(inj: Injection, records: Sequence[Record], until: float | None = Non
         return _per_step(m, inj, recs, last_before)
 
     recovery: tuple[float, Record, _Gen] | None = None
-    for g in _recovering_gens(new_gens, inj.node if inj.mode in LEAVING_MODES else None):
+    step_time = _median_step_time(sorted(steps_before, key=lambda r: r["time"])[-50:]) or 0.0
+    for g in _recovering_gens(new_gens, inj.node if inj.mode in LEAVING_MODES else None,
+                              max(INTERIM_MAX_S, INTERIM_MAX_STEP_TIMES * step_time)):
         st = _steps(g.records)
         if st:
             first = min(st, key=lambda r: r["time"])
@@ -420,35 +432,57 @@ def _round_of(gen: _Gen, rounds: Sequence[_Gen]) -> _Gen | None:
     return min(same, key=lambda r: abs(r.start_time - gen.start_time), default=None)
 
 
-def _recovering_gens(new_gens: Sequence[_Gen], target: str | None = None) -> list[_Gen]:
+#: a smaller group that trained after a fault is an interim one only when a larger group (a
+#: latecomer joining) starts within this many seconds of it, or within
+#: :data:`INTERIM_MAX_STEP_TIMES` step times when steps are slower: torchelastic's rendezvous
+#: ``join_timeout`` (ddp_job_rdzv_conf, 120 s) bounds how long a survivor's agent takes to join
+#: the round after a fault. A larger group later than that is a later change (an agent
+#: restarted on its own), not the fault's recovery.
+INTERIM_MAX_S = 120.0
+INTERIM_MAX_STEP_TIMES = 10
+
+
+def _rounds(new_gens: Sequence[_Gen]) -> tuple[list[_Gen], dict[int, list[_Gen]]]:
+    """The groups among ``new_gens``: the generations of rank 0 (one per group a rendezvous round
+    formed), oldest first, and their members by ``id`` of the round (:func:`_round_of`)."""
+    rounds = sorted((g for g in new_gens if g.start and as_int(g.start.get("rank")) == 0),
+                    key=lambda g: g.start_time)
+    members: dict[int, list[_Gen]] = defaultdict(list)
+    for g in new_gens:
+        if (r := _round_of(g, rounds)) is not None:
+            members[id(r)].append(g)
+    return rounds, members
+
+
+def _recovering_gens(new_gens: Sequence[_Gen], target: str | None = None,
+                     interim_max_s: float = INTERIM_MAX_S) -> list[_Gen]:
     """The generations after ``T`` whose first completed step can be the recovery: those of the
-    group the fault led to. Groups are the rounds of rank-0 generations (:func:`_round_of`); the
-    recovering group is the first of the last run of groups at one world size that completed a
-    step, so a smaller group that trained and was restarted when a latecomer joined (3 -> 1 -> 2)
-    is an interim group, and a later restart at the same size is no new recovery. ``target``: the
+    group the fault led to. Groups are the rounds of rank-0 generations (:func:`_rounds`); the
+    recovering group is the first one that completed a step, unless a LARGER group that completed
+    a step started within ``interim_max_s`` seconds of it (a latecomer joining: 3 -> 1 -> 2), which
+    then takes its place (repeated; groups of the same size in between are restarts of it). A
+    smaller group after the recovery (an agent dying on its own minutes later: 3 -> 2, then 1) or
+    a larger one later than ``interim_max_s`` is a later change, not this recovery. ``target``: the
     node a fault of :data:`LEAVING_MODES` took away; a group with it again is the target back (a
     freeze's thaw), not the recovery from its leaving. Every generation when no rank-0 ``start``
     record is among them."""
-    members: dict[int, list[_Gen]] = defaultdict(list)
-    all_rounds = [g for g in new_gens if g.start and as_int(g.start.get("rank")) == 0]
-    for g in new_gens:
-        if (r := _round_of(g, all_rounds)) is not None:
-            members[id(r)].append(g)
-    rounds = sorted((r for r in all_rounds if target not in {g.key[0] for g in members[id(r)]}),
-                    key=lambda g: g.start_time)
-    if not rounds:
-        return list(new_gens)
-    stepped = [i for i, r in enumerate(rounds) if any(_steps(g.records) for g in members[id(r)])]
+    all_rounds, members = _rounds(new_gens)
+    rounds = [r for r in all_rounds if target not in {g.key[0] for g in members[id(r)]}]
+    stepped = [r for r in rounds if any(_steps(g.records) for g in members[id(r)])]
     if not stepped:
         return list(new_gens)
-    i = stepped[-1]
 
-    def ws(r: _Gen) -> int | None:
-        return as_int(r.start.get("world_size")) if r.start else None
+    def ws(r: _Gen) -> int:
+        w = as_int(r.start.get("world_size")) if r.start else None
+        return -1 if w is None else w
 
-    while i > 0 and ws(rounds[i - 1]) == ws(rounds[i]) and (i - 1) in stepped:
-        i -= 1
-    return members[id(rounds[i])]
+    cur = stepped[0]
+    for nxt in stepped[1:]:
+        if ws(nxt) < ws(cur) or (ws(nxt) > ws(cur) and nxt.start_time - cur.start_time > interim_max_s):
+            break
+        if ws(nxt) > ws(cur):
+            cur = nxt
+    return members[id(cur)]
 
 
 def _interim_groups(new_gens: Sequence[_Gen], recovering: _Gen, t0: float) -> list[dict[str, Any]]:
@@ -460,18 +494,12 @@ def _interim_groups(new_gens: Sequence[_Gen], recovering: _Gen, t0: float) -> li
     restarted when the next node joins. ``last_step``: :func:`step_at` over the group's own records
     (its SIGTERM ``failure``/``checkpoint`` records name it; ``resumed_from_step`` when it wrote
     none); ``steps_trained`` = ``last_step - resumed_from_step``."""
-    rounds = [g for g in new_gens if g.start and as_int(g.start.get("rank")) == 0]
+    rounds, members = _rounds(new_gens)
     final = _round_of(recovering, rounds)
     if final is None:
         return []
-    members: dict[int, list[_Gen]] = defaultdict(list)
-    for g in new_gens:
-        r = _round_of(g, rounds)
-        if r is not None:
-            members[id(r)].append(g)
     out = []
-    for r in sorted((r for r in rounds if r.start_time < final.start_time and r is not final),
-                    key=lambda r: r.start_time):
+    for r in (r for r in rounds if r.start_time < final.start_time and r is not final):
         gens = members[id(r)]
         own = [x for g in gens for x in g.records]
         resumed = as_int(r.start.get("resumed_from_step")) if r.start else None

@@ -27,7 +27,7 @@ from ddplab.controller.rundir import (
     world_size_timeline,
 )
 from ddplab.controller.summary import cut_off_line, final_evaluation, measure_faults
-from ddplab.faults import LAUNCH_WORDS, STOP_KIND, interim_text, is_per_step
+from ddplab.faults import LAUNCH_WORDS, STOP_KIND, interim_text, is_per_step, path_text, world_size_path
 from ddplab.faults import step_at as fault_step_at
 from ddplab.records import as_int, by_time, num
 
@@ -151,8 +151,9 @@ class Fault:
     @property
     def ws_text(self) -> str:
         """The recovery's world sizes for the page, e.g. ``3 → 1 → 2`` (``—`` when none is known)."""
-        path = list(self.world_size_path) or [self.world_size_before, self.world_size_after]
-        return "—" if all(w is None for w in path) else " → ".join("?" if w is None else str(w) for w in path)
+        fault = {"world_size_path": list(self.world_size_path), "world_size_before": self.world_size_before,
+                 "world_size_after": self.world_size_after}
+        return "—" if all(w is None for w in world_size_path(fault)) else path_text(fault, " → ")
 
     @property
     def interim_text(self) -> str:
