@@ -296,3 +296,20 @@ def test_check_during_a_job_names_the_run_it_would_stop(tmp_path):
     assert run.is_dir() and (paths["venv"] / "bin" / "python").exists()  # nothing removed
     log = (tmp_path / "systemctl.log").read_text()
     assert not re.search(r"^(stop|reload|restart|reset-failed|unmask|disable)", log, re.M), log
+
+
+def test_stopped_jobs_follow_ddp_jobs_rule_of_whose_agent_ran():
+    """reset names the runs of the hosts ddp_job's agent_ran_hosts names (the rule stopped.yml
+    records the stop with): a "True" from a template counts, a host without the fact or unknown
+    to hostvars does not."""
+    import runpy
+
+    reset = runpy.run_path(str(ROOT / "roles/reset/filter_plugins/reset.py"))
+    hostvars = {"a": {"__ddp_job_agent_runs": "True", "ddp_job_status": {"progress": {"run_id": "r1"}}},
+                "b": {"__ddp_job_agent_runs": True, "ddp_lab_run_id": "r1"},
+                "c": {"__ddp_job_agent_runs": False}, "d": {}}
+    hosts = ["a", "b", "c", "d", "gone"]
+    assert reset["DDP_JOB"]["agent_ran_hosts"](hosts, hostvars) == ["a", "b"]
+    assert reset["reset_stopped_jobs"](hosts, hostvars, True) == [
+        "would stop run r1 on a, b (--check: nothing was stopped)"]
+    assert reset["reset_stopped_jobs"](["c", "d"], hostvars) == []

@@ -205,6 +205,14 @@ def host_values(hosts: Any, hostvars: Mapping[str, Any] | None, name: str,
     return out
 
 
+def agent_ran_hosts(hosts: Any, hostvars: Mapping[str, Any] | None) -> list[str]:
+    """The hosts of ``hosts`` (in order) whose agent ran when tasks/stop.yml read it
+    (``__ddp_job_agent_runs`` true: a bool, or "True" from a template); the nodes stop.yml records
+    as stopped (tasks/stopped.yml) and reset names (reset_stopped_jobs)."""
+    runs = host_values(hosts, hostvars, "__ddp_job_agent_runs", False)
+    return [h for h, ran in runs.items() if str(ran).strip().lower() in ("true", "1", "yes")]
+
+
 def statuses_of(hosts: Any, hostvars: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Host -> its ``ddp_job_status`` (:func:`host_values`; None for a host without one), for each
     of ``hosts`` (names) in order."""
@@ -294,4 +302,5 @@ class FilterModule:
             "ddp_job_running_hosts": running_hosts,
             "ddp_job_cut_off_hosts": cut_off_hosts,
             "ddp_job_statuses": statuses_of,
+            "ddp_job_agent_ran_hosts": agent_ran_hosts,
         }

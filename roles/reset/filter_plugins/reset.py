@@ -3,8 +3,14 @@ says what happened to each trainer."""
 
 from __future__ import annotations
 
+import runpy
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
+
+#: the ddp_job role's filter plugin, run from its file (role plugins are files, not packages): its
+#: agent_ran_hosts is the one rule of "whose agent ran" (tasks/stop.yml, tasks/stopped.yml)
+DDP_JOB = runpy.run_path(str(Path(__file__).resolve().parents[2] / "ddp_job/filter_plugins/ddp_job.py"))
 
 
 def _true(value: Any) -> bool:
@@ -14,15 +20,13 @@ def _true(value: Any) -> bool:
 
 def reset_stopped_jobs(hosts: Iterable[str], hostvars: Mapping[str, Any], check: Any = False) -> list[str]:
     """One line per run whose agent ran on some of ``hosts`` when the reset stopped it (ddp_job's
-    tasks/stop.yml: ``__ddp_job_agent_runs``; the run: the node's ``ddp_job_status`` run id, else
+    ddp_job filter agent_ran_hosts; the run: the node's ``ddp_job_status`` run id, else
     ``ddp_lab_run_id``), e.g. ``would stop run R on laptop-a, laptop-b (--check: nothing was
     stopped)`` under ``check``, else ``stopped run R on laptop-a, laptop-b (SIGTERM: emergency
     checkpoints, removed with the state folder unless collected before)``; [] when none ran."""
     runs: dict[str, list[str]] = {}
-    for host in hosts or ():
+    for host in DDP_JOB["agent_ran_hosts"](hosts, hostvars):
         vars_ = hostvars.get(host, {})
-        if not isinstance(vars_, Mapping) or not _true(vars_.get("__ddp_job_agent_runs", False)):
-            continue
         status = vars_.get("ddp_job_status") or {}
         run = (((status.get("progress") or {}).get("run_id") or status.get("current_run")
                 or vars_.get("ddp_lab_run_id")) or "(run id not found)")
