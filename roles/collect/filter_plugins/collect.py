@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import base64
 import binascii
-import importlib.util
+import runpy
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+# The ddp_job role's filters (run_state_of: the one home of a node's run state; host_values), run
+# from their file as the fault and reset roles' filters do: role plugins are files, not packages.
+DDP_JOB = runpy.run_path(str(Path(__file__).resolve().parents[2] / "ddp_job/filter_plugins/ddp_job.py"))
 
 
 def collect_source(collect_run_id: Any, launched_run_id: Any = "") -> str:
@@ -48,12 +52,9 @@ def collect_missing_run(node_dirs: Mapping[str, Any], home_dir: Mapping[str, Any
 
 def collect_registered(hosts: Iterable[str], hostvars: Mapping[str, Any], name: str) -> dict[str, Any]:
     """Host -> the value of its variable ``name`` (a registered result) in ``hostvars``, for each
-    host of ``hosts`` in order ({} for a host without it)."""
-    out = {}
-    for host in hosts or ():
-        vars_ = hostvars.get(host, {})
-        out[str(host)] = vars_.get(name, {}) if isinstance(vars_, Mapping) else {}
-    return out
+    host of ``hosts`` in order ({} for a host without it): ddp_job's ``host_values``, the one home
+    of this lookup, with {} as the default."""
+    return DDP_JOB["host_values"](hosts, hostvars, name, {})
 
 
 def collect_journal_argv(invocations_b64: Any, unit: str) -> list[str]:
@@ -111,17 +112,6 @@ def collect_summary_lines(summary_lines: Iterable[str], run_dir: str, report: An
     return [*(summary_lines or []), *tail]
 
 
-def _ddp_job_filters():
-    """The ddp_job role's filter plugin (run_state_of: the one home of a node's run state),
-    imported from its file: role plugins are files, not packages."""
-    path = Path(__file__).resolve().parents[2] / "ddp_job" / "filter_plugins" / "ddp_job.py"
-    spec = importlib.util.spec_from_file_location("ddp_job_role_filters_for_collect", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-DDP_JOB = _ddp_job_filters()
 
 
 def collect_run_over(statuses: Mapping[str, Any], run_id: str, now: float | None = None) -> dict[str, Any]:
@@ -140,7 +130,7 @@ def collect_run_over(statuses: Mapping[str, Any], run_id: str, now: float | None
             if (a := (((r or {}).get("progress") or {}).get("age_s"))) is not None]
     last = now - min(ages) if ages else None
     unread = [h for h, r in statuses.items() if (r or {}).get("state") in (None, "unreachable", "error")]
-    running = [h for h, r in statuses.items() if DDP_JOB.run_state_of(r, h) == "running"]
+    running = [h for h, r in statuses.items() if DDP_JOB["run_state_of"](r, h) == "running"]
     other = sorted({f"{h} (run {(r or {}).get('current_run') or '?'})" for h, r in statuses.items()
                     if ((r or {}).get("unit_holds_run") is False and (r or {}).get("state") == "running")
                     or ((r or {}).get("current_run") not in (None, "", run_id))})
