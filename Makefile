@@ -9,8 +9,8 @@ INVENTORY ?= inventory/lab
 # The molecule scenarios `make test` (and so CI) runs: `default` (provisioning, idempotence) and
 # `fault`, which runs site.yml with the short run of `train` and checks it with train's tests, then
 # the fault run (poweroff of rank 0, rejoin, freeze) on the same nodes, provisioned once, and
-# `reset` (snapshot, provision, reset.yml, compare with the snapshot, provision again). `train`
-# alone: `make molecule SCENARIOS=train`.
+# `reset` (snapshot, provision, reset.yml, compare with the snapshot, provision again); fault runs
+# beside default then reset (TEST_LANES, below). `train` alone: `make molecule SCENARIOS=train`.
 SCENARIOS ?= default fault reset
 ALL_SCENARIOS := $(patsubst molecule/%/molecule.yml,%,$(wildcard molecule/*/molecule.yml))
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
@@ -40,7 +40,13 @@ $(VENV)/.done: requirements.txt requirements-torch.txt
 	$(VENV)/bin/pip install -q $(TORCH_PIP_ARGS) -r requirements-torch.txt
 	touch $@
 
-venv: $(VENV)/.done ## the controller venv: ansible, molecule, linters, torch (pinned)
+# The plugins (collection ddp_lab.cluster) import the node runtime's rules as `ddplab.*`: this
+# checkout's train/ on the venv's path (a .pth file; each checkout has its own venv).
+$(VENV)/.ddplab-path: $(VENV)/.done
+	$(VENV)/bin/python -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_path("purelib"), "ddp-lab-train.pth").write_text("$(CURDIR)/train\n")'
+	touch $@
+
+venv: $(VENV)/.done $(VENV)/.ddplab-path ## the controller venv: ansible, molecule, linters, torch (pinned); train/ on its path
 
 # lab/lab.py writes containers.conf with tomli_w (requirements.txt): it runs with the venv's python.
 image: deps venv ## build the lab node image offline (debootstrap -> podman import -> build); cached
@@ -48,9 +54,13 @@ image: deps venv ## build the lab node image offline (debootstrap -> podman impo
 
 # LAB_NODES: how many laptops (laptop-a, laptop-b, ...); empty = the running lab's size, else 3.
 LAB_NODES ?=
+# LAB_CPUS: a CPU quota per laptop in CPUs (0.6,0.6,0.3; one value for all; off); LAB_LINK_MBIT: every
+# laptop's link shaped to this rate (1000; off). Empty = keep what the lab has (docs/lab.md).
+LAB_CPUS ?=
+LAB_LINK_MBIT ?=
 
-lab-up: deps venv ## LAB_NODES (default 3) systemd containers laptop-a, -b, ... on the network ddp-lab, SSH as labadmin; writes inventory/lab/hosts.yml
-	$(LAB) up $(if $(LAB_NODES),--nodes $(LAB_NODES))
+lab-up: deps venv ## LAB_NODES (default 3) systemd containers laptop-a, -b, ... on the network ddp-lab, SSH as labadmin; writes inventory/lab/hosts.yml; LAB_CPUS=0.6,0.6,0.3 LAB_LINK_MBIT=1000 limit them
+	$(LAB) up $(if $(LAB_NODES),--nodes $(LAB_NODES)) $(if $(LAB_CPUS),--cpus $(LAB_CPUS)) $(if $(LAB_LINK_MBIT),--link-mbit $(LAB_LINK_MBIT))
 
 lab-down: ## remove the lab containers, network, inventory and SSH state (lab/.state/ssh)
 	$(LAB) down
@@ -74,21 +84,26 @@ TEST_PARALLEL ?= 1
 
 test: deps-test venv image ## everything CI runs: unit tests, linters, molecule scenarios
 ifeq ($(TEST_PARALLEL),0)
-	$(MAKE) test-unit lint molecule
+	$(MAKE) test-unit lint molecule MOLECULE_PARALLEL=0
 else
 	@mkdir -p build; start=$$(date +%s); \
 	( $(MAKE) --no-print-directory test-unit lint > build/test-unit-lint.log 2>&1; \
 	  echo $$? > build/test-unit-lint.rc ) & unit=$$!; \
-	$(MAKE) --no-print-directory molecule; mol=$$?; \
+	$(MAKE) --no-print-directory molecule MOLECULE_LANES="$(TEST_LANES)"; mol=$$?; \
 	wait $$unit; rc=$$(cat build/test-unit-lint.rc); \
 	echo "== unit tests and linters (build/test-unit-lint.log) =="; cat build/test-unit-lint.log; \
 	echo "make test: unit tests + linters exit $$rc, molecule exit $$mol, $$(( $$(date +%s) - start )) s"; \
 	[ "$$rc" -eq 0 ] && [ "$$mol" -eq 0 ]
 endif
 
-# pytest exits 5 when it collects no test: not a failure of the suite.
+# pytest exits 5 when it collects no test: not a failure of the suite. PYTEST_WORKERS pytest-xdist
+# workers (most slow tests wait on torchrun, ansible-playbook or podman; 0: one process), work
+# stealing so that a worker left with slow tests gives some away; the 20 slowest are listed.
+PYTEST_WORKERS ?= 4
+PYTEST_ARGS ?=
 test-unit: venv ## Python unit tests and the bad-input matrix
-	pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$rc
+	pytest -q $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist worksteal) --durations=20 $(PYTEST_ARGS); \
+	rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$rc
 
 # ruff: every Python file of the project (roles' plugins and modules, benchmarks, molecule verifiers).
 lint: venv ## ansible-lint (production profile), yamllint, ruff
@@ -96,10 +111,44 @@ lint: venv ## ansible-lint (production profile), yamllint, ruff
 	ansible-lint
 	ruff check .
 
+# Lanes of scenarios run side by side, the scenarios of one lane (joined by +) one after the other;
+# MOLECULE_LANES defaults to one lane per scenario of SCENARIOS, `make test` uses TEST_LANES (fault,
+# the longest, beside default then reset). MOLECULE_PARALLEL=0: all one after the other, in this
+# shell. Each scenario's containers, network and SSH state are named after it
+# (DDP_LAB_MOLECULE_NAME=<MOLECULE_PREFIX>-<scenario>), its subnet is its own
+# (DDP_LAB_MOLECULE_NET=10.89.<MOLECULE_NET_FIRST + its place in the lanes>) and so are its ports (its
+# extra_vars.yml; tests/test_molecule_isolation.py checks them). Each scenario writes
+# build/molecule-<scenario>.log, printed when all are done, ending in its exit status and wall time.
+MOLECULE_PARALLEL ?= 1
+MOLECULE_LANES ?= $(SCENARIOS)
+TEST_LANES ?= $(if $(filter-out default fault reset,$(SCENARIOS))$(filter-out $(SCENARIOS),default fault reset),$(SCENARIOS),fault default+reset)
+MOLECULE_PREFIX ?= $(or $(DDP_LAB_MOLECULE_NAME),mol)
+MOLECULE_NET_FIRST ?= 211
+LANE_SCENARIOS = $(subst +, ,$(MOLECULE_LANES))
+
 molecule: venv image ## run the multi-node molecule scenarios (SCENARIOS=..., default: default fault reset)
-	set -e; for s in $(SCENARIOS); do \
+ifeq ($(MOLECULE_PARALLEL),0)
+	set -e; for s in $(LANE_SCENARIOS); do \
 	  start=$$(date +%s); molecule test -s $$s; echo "molecule $$s: $$(( $$(date +%s) - start )) s"; \
 	done
+else
+	@mkdir -p build; i=0; pids=""; for s in $(LANE_SCENARIOS); do rm -f build/molecule-$$s.log; done; \
+	for lane in $(MOLECULE_LANES); do \
+	  first=$$i; i=$$(( i + $$(echo "$$lane" | tr '+' ' ' | wc -w) )); \
+	  ( n=$$first; for s in $$(echo "$$lane" | tr '+' ' '); do \
+	      start=$$(date +%s); \
+	      DDP_LAB_MOLECULE_NAME=$(MOLECULE_PREFIX)-$$s DDP_LAB_MOLECULE_NET=10.89.$$(( $(MOLECULE_NET_FIRST) + n )) \
+	        molecule test -s $$s > build/molecule-$$s.log 2>&1; rc=$$?; n=$$(( n + 1 )); \
+	      echo "molecule $$s: exit $$rc, $$(( $$(date +%s) - start )) s" | tee -a build/molecule-$$s.log; \
+	      [ $$rc -eq 0 ] || exit $$rc; \
+	    done ) & pids="$$pids $$!"; \
+	done; \
+	rc=0; for p in $$pids; do wait $$p || rc=1; done; \
+	for s in $(LANE_SCENARIOS); do [ -f build/molecule-$$s.log ] || continue; \
+	  echo "== molecule $$s (build/molecule-$$s.log) =="; cat build/molecule-$$s.log; done; \
+	for s in $(LANE_SCENARIOS); do [ -f build/molecule-$$s.log ] && tail -n 1 build/molecule-$$s.log; done; \
+	exit $$rc
+endif
 
 # Five lab laptops (N > 3) on this machine: elastic 1:5, poweroff of rank 0's node, rejoin, summary
 # and report for 5 hosts (molecule/nodes5). Not in SCENARIOS: it took 15-19 min on the shared 2-core

@@ -1,4 +1,5 @@
-"""What the benchmarks share on their command line: the ``--help`` description and formatter.
+"""What the benchmarks share on their command line: the ``--help`` description and formatter, and
+the ``--results-dir`` option of the results file each writes (:mod:`ddplab.bench.results`).
 
 Run alone (``python benchmarks/benchcli.py [--help]``) it lists the benchmarks with the first
 sentence of each one's docstring; each benchmark's own ``--help`` gives its options and defaults.
@@ -31,6 +32,15 @@ def first_sentence(doc: str | None) -> str:
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """``--help`` that shows every option's default (``(default: ...)`` after its help text) and
     keeps the description's and epilog's line breaks."""
+
+
+def add_results_dir(parser: argparse.ArgumentParser) -> None:
+    """Add ``--results-dir DIR``: where the benchmark writes ``<name>.md`` (default: $DDPLAB_RESULTS_DIR,
+    else the checkout's benchmarks/results; :func:`ddplab.bench.results.results_dir`)."""
+    parser.add_argument(
+        "--results-dir", type=Path, default=None,
+        help="folder of the results file <name>.md this benchmark writes (unset: $DDPLAB_RESULTS_DIR, "
+        "else benchmarks/results)")
 
 
 def benchmarks(folder: Path = HERE) -> dict[str, str]:

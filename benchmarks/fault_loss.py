@@ -25,6 +25,8 @@ faulted run inside the band, at the final evaluation and at how many evaluation 
 trained on (under keep_per_rank a step at fewer participants trains on fewer samples). Plots the
 validation curves with matplotlib. Figures, not assertions: exit 0 whenever every play ran; exit 2
 (with the table of the runs done so far) when a play failed, e.g. a plan that does not fit the run.
+The table and the plot go to ``benchmarks/results/fault_loss.md`` and ``fault_loss.png`` too
+(:mod:`ddplab.bench.results`).
 
 ``--reuse ROLE=RUN_ID`` (ROLE ``clean``, ``faulted`` or ``seed=N`` for the noise run of seed N,
 e.g. ``--reuse seed=1338=20261201-051613-1dda``) takes a run already collected in the runs folder
@@ -56,8 +58,9 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "train")]
 
 import recovery  # noqa: E402  (benchmarks/recovery.py: play, await, plan, load average)
-from benchcli import HelpFormatter, first_sentence  # noqa: E402  (benchmarks/benchcli.py)
+from benchcli import HelpFormatter, add_results_dir, first_sentence  # noqa: E402  (benchmarks/benchcli.py)
 from ddplab import faults  # noqa: E402
+from ddplab.bench import results  # noqa: E402
 from ddplab.config import build_config  # noqa: E402
 from ddplab.controller.rundir import RunFolderError, load_run, world_size_timeline  # noqa: E402
 from ddplab.records import events_of, num  # noqa: E402
@@ -718,6 +721,7 @@ def main(argv: list[str] | None = None) -> int:
         help="print the table of an earlier run's JSON (samples read again from the run folders; the PNG "
         "too with --plot); no play",
     )
+    add_results_dir(p)
     a = p.parse_args(argv)
     if a.table is not None:
         again = [remeasure(r, a.runs_dir) for r in json.loads(a.table.read_text())["runs"]]
@@ -747,6 +751,7 @@ def main(argv: list[str] | None = None) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = a.out or a.runs_dir / f"bench-fault-loss-{stamp}.json"
     png = a.plot or out.with_suffix(".png")
+    load_before = loadavg()
     runs: list[dict] = []
     try:
         for label, seed, faults_of in schedule:
@@ -760,10 +765,20 @@ def main(argv: list[str] | None = None) -> int:
         if runs:
             print(table(runs))
         return 2
-    print(f"\nloss with and without faults, engine {a.engine} (val loss in nats/char)")
-    print(table(runs))
+    heading = f"loss with and without faults, engine {a.engine} (val loss in nats/char)"
+    text = table(runs)
+    print(f"\n{heading}\n{text}")
     plot(runs, png)
     print(f"\nraw figures: {out}\nplot: {png}")
+    folder = results.results_dir(a.results_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    plot(runs, folder / "fault_loss.png")
+    path = results.write(
+        "fault_loss", f"{heading}; plan `{a.plan}`, {a.nodes} nodes\n\n{results.code_block(text)}\n\n"
+        "![validation loss of each run](fault_loss.png)",
+        title="Loss of a run with faults beside fault-free runs", load_before=load_before,
+        notes=[f"raw figures (JSON, on the machine that ran it): {out}"], out_dir=folder)
+    print(f"results: {path}")
     return 0
 
 

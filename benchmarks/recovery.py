@@ -11,6 +11,7 @@ new world size / participant count, steps_lost, stall_s, restarts = worker proce
 Prints one table, a row per fault, the median of the repeats for each engine beside each other,
 with the load average at the start and end of every run, and writes the raw figures as JSON.
 Figures, not assertions: the exit status is 0 whenever every play ran, whatever the figures.
+The table goes to ``benchmarks/results/recovery.md`` too (:mod:`ddplab.bench.results`).
 
 Usage (controller, lab up and provisioned):
   .venv/bin/python benchmarks/recovery.py [-i inventory/lab] [--engines torchelastic,per_step]
@@ -36,8 +37,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "train"), str(REPO / "benchmarks")]
 
-from benchcli import first_sentence  # noqa: E402  (benchmarks/benchcli.py)
-from ddplab import faults  # noqa: E402
+from benchcli import add_results_dir, first_sentence  # noqa: E402  (benchmarks/benchcli.py)
+from ddplab import faults, runstate  # noqa: E402
+from ddplab.bench import results  # noqa: E402
 from ddplab.config import PRESETS  # noqa: E402
 from ddplab.controller.rundir import load_events, load_run  # noqa: E402
 
@@ -78,13 +80,17 @@ def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
-def play(inventory: str, playbook: str, extra: list[str], label: str) -> float:
-    """Run one playbook; return its wall time (s). Raises BenchError naming the play on failure."""
+def play(inventory: str, playbook: str, extra: list[str], label: str, limit: str | None = None) -> float:
+    """Run one playbook (on the hosts of ``limit`` only, when given: ansible-playbook --limit);
+    return its wall time (s). Raises BenchError naming the play on failure."""
     args = [_tool("ansible-playbook"), "-i", inventory, str(REPO / playbook)]
+    if limit:
+        args += ["--limit", limit]
     for e in extra:
         args += ["-e", e]
     t0 = time.monotonic()
-    print(f"--- {label}: ansible-playbook {playbook} {' '.join('-e ' + e for e in extra)}", flush=True)
+    where = f" --limit {limit}" if limit else ""
+    print(f"--- {label}: ansible-playbook {playbook}{where} {' '.join('-e ' + e for e in extra)}", flush=True)
     proc = subprocess.run(args, env=_env(), cwd=REPO, capture_output=True, text=True)
     took = time.monotonic() - t0
     if proc.returncode != 0:
@@ -224,7 +230,8 @@ def run_engine(a: argparse.Namespace, engine: str, plan: list[tuple[str, str, fl
         with open(a.runs_dir / run_id / "events.jsonl", "a", encoding="utf-8") as fh:
             fh.write(
                 json.dumps(
-                    {"time": round(time.time(), 3), "kind": faults.STOP_KIND, "by": "benchmarks/recovery.py"}
+                    {"time": round(time.time(), 3), "kind": runstate.STOP_KIND,
+                     "by": "benchmarks/recovery.py"}
                 )
                 + "\n"
             )
@@ -360,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="print the table of an earlier run's JSON, each run's faults measured again from its folder",
     )
+    add_results_dir(p)
     a = p.parse_args(argv)
     engines = [e for e in a.engines.split(",") if e]
     if a.table is not None:
@@ -379,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.repeat < 1:
         p.error("--repeat must be >= 1")
     out = a.out or a.runs_dir / f"bench-recovery-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    load_before = loadavg()
     runs: list[dict] = []
     try:
         for i in range(a.repeat):  # engines interleaved, so that a change of load hits both alike
@@ -393,12 +402,17 @@ def main(argv: list[str] | None = None) -> int:
         if runs:
             print(table(runs, engines))
         return 2
-    print(
-        f"\nrecovery, median of n runs per engine (preset {a.preset}; seconds; restarts = worker processes "
+    heading = (
+        f"recovery, median of n runs per engine (preset {a.preset}; seconds; restarts = worker processes "
         f"started after the fault; '-' = did not happen, e.g. a freeze ridden out)"
     )
-    print(table(runs, engines))
-    print(f"\nraw figures: {out}")
+    text = table(runs, engines)
+    print(f"\n{heading}\n{text}\n\nraw figures: {out}")
+    path = results.write(
+        "recovery", f"{heading}; plan `{a.plan}`, {a.nodes} nodes\n\n{results.code_block(text)}",
+        title="Recovery of the engines from node faults, side by side", load_before=load_before,
+        notes=[f"raw figures (JSON, on the machine that ran it): {out}"], out_dir=a.results_dir)
+    print(f"results: {path}")
     return 0
 
 

@@ -21,6 +21,8 @@ workers from itself, torch already imported). For each:
 Times are the metrics records' ``time`` fields (unix s) and ``time.time()`` here; the load average
 (``os.getloadavg()``) is sampled beside every figure. Not a test: figures for docs/faults.md.
 
+Writes the table to ``benchmarks/results/restart_cost.md`` (:mod:`ddplab.bench.results`).
+
 Usage: .venv/bin/python benchmarks/restart_cost.py [--kills 3] [--kill-agent] [--data PATH] [--json out.json]
 """
 
@@ -45,7 +47,8 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "train"), str(REPO / "benchmarks")]
 
-from benchcli import first_sentence  # noqa: E402  (benchmarks/benchcli.py)
+from benchcli import add_results_dir, first_sentence  # noqa: E402  (benchmarks/benchcli.py)
+from ddplab.bench import results as results_file  # noqa: E402
 from ddplab.controller import rdzv_store  # noqa: E402
 from ddplab.records import read_jsonl  # noqa: E402
 
@@ -230,11 +233,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-agent", action="store_true",
                         help="also time kill-agent with two agents around a rendezvous store")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
+    add_results_dir(parser)
     args = parser.parse_args(argv)
     if not args.data.is_file():
         parser.error(f"dataset not found: {args.data} (set --data or DDP_LAB_DATA)")
     if args.kills < 1:
         parser.error("--kills must be >= 1")
+    load_before = results_file.loadavg()
     with tempfile.TemporaryDirectory(prefix="restart-cost-") as tmp:
         results = [measure(method, args.data, args.kills, Path(tmp)) for method in START_METHODS]
         if args.kill_agent:  # alternating, so that a change of load hits both
@@ -246,6 +251,12 @@ def main(argv: list[str] | None = None) -> int:
     print(table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
+    path = results_file.write(
+        "restart_cost", f"tiny preset, 2 workers, {args.kills} SIGKILLs of rank 1 per start method; "
+        "load = 1-minute load average beside each figure\n\n" + table(results),
+        title="Cost of a torchelastic restart: spawned vs forked workers", load_before=load_before,
+        out_dir=args.results_dir)
+    print(f"results: {path}")
     return 0
 
 

@@ -8,6 +8,8 @@ steps and the final evaluation. The ddplab loop includes everything it does per 
 deterministic global-sample sampler, the LR schedule, metrics records every ``log_interval``
 steps with CPU clock/temperature readings, signal guards. Target: overhead <= 5 %.
 
+Writes the table to ``benchmarks/results/train_overhead.md`` (:mod:`ddplab.bench.results`).
+
 Usage: PYTHONPATH=train .venv/bin/python benchmarks/train_overhead.py [--steps 200] [--repeats 3]
 """
 
@@ -29,9 +31,10 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "train"), str(REPO / "benchmarks")]
 
-from benchcli import first_sentence  # noqa: E402  (benchmarks/benchcli.py)
-from ddplab import telemetry  # noqa: E402
+from benchcli import add_results_dir, first_sentence  # noqa: E402  (benchmarks/benchcli.py)
+from ddplab import cpushare  # noqa: E402
 from ddplab import train as train_mod  # noqa: E402
+from ddplab.bench import results  # noqa: E402
 from ddplab.config import build_config  # noqa: E402
 from ddplab.data import load_dataset  # noqa: E402
 from ddplab.model import GPT, GPTConfig  # noqa: E402
@@ -88,20 +91,21 @@ def plain_loop(args, data) -> float:
     return (args.steps - args.skip) * b * t / (time.perf_counter() - t_skip)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=first_sentence(__doc__))
     parser.add_argument("--preset", default="small")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--skip", type=int, default=20, help="steps excluded from the timing (warm-up)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--log-interval", type=int, default=10)
-    parser.add_argument("--threads", type=int, default=telemetry.physical_cores())
+    parser.add_argument("--threads", type=int, default=cpushare.threads_for(cpushare.read_share().share))
     parser.add_argument("--data-path", default=DEFAULT_DATA)
-    args = parser.parse_args()
+    add_results_dir(parser)
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     data = load_dataset(args.data_path)
     ours, plain = [], []
-    load_before = os.getloadavg()
+    load_before = results.loadavg()
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeats):
             ours.append(ddplab_loop(args, Path(tmp) / f"run{rep}"))
@@ -109,15 +113,21 @@ def main() -> int:
             plain.append(plain_loop(args, data))
             print(f"repeat {rep + 1}: ddplab {ours[-1]:,.0f} tok/s   plain {plain[-1]:,.0f} tok/s   "
                   f"overhead {(plain[-1] - ours[-1]) / plain[-1] * 100:+.1f} %", flush=True)
+    load_after = results.loadavg()
     # paired: each repeat runs both loops back to back, so its ratio cancels most load drift
     overhead = statistics.median((p - o) / p * 100 for o, p in zip(ours, plain, strict=True))
-    print(f"\npreset {args.preset}, world size 1, {args.threads} threads, "
-          f"steps {args.skip + 1}..{args.steps}, "
-          f"load average {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f}")
-    print(f"{'loop':<10}{'median tok/s':>14}{'min':>10}{'max':>10}")
+    setting = (f"preset {args.preset}, world size 1, {args.threads} threads, "
+               f"steps {args.skip + 1}..{args.steps}, {args.repeats} paired repeats")
+    lines = [f"{'loop':<10}{'median tok/s':>14}{'min':>10}{'max':>10}"]
     for name, vals in (("ddplab", ours), ("plain", plain)):
-        print(f"{name:<10}{statistics.median(vals):>14,.0f}{min(vals):>10,.0f}{max(vals):>10,.0f}")
-    print(f"overhead of the ddplab loop (median of paired repeats): {overhead:+.1f} % (target <= 5 %)")
+        lines.append(f"{name:<10}{statistics.median(vals):>14,.0f}{min(vals):>10,.0f}{max(vals):>10,.0f}")
+    verdict = f"overhead of the ddplab loop (median of paired repeats): {overhead:+.1f} % (target <= 5 %)"
+    table = "\n".join(lines)
+    print(f"\n{setting}, load average {load_before[0]:.1f} -> {load_after[0]:.1f}\n{table}\n{verdict}")
+    path = results.write("train_overhead", f"{setting}\n\n{results.code_block(table)}\n\n{verdict}",
+                         title="Overhead of the ddplab training loop against a plain loop (world size 1)",
+                         load_before=load_before, load_after=load_after, out_dir=args.results_dir)
+    print(f"results: {path}")
     return 0
 
 

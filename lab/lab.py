@@ -40,7 +40,6 @@ import contextlib
 import functools
 import hashlib
 import http.server
-import importlib.util
 import ipaddress
 import json
 import os
@@ -53,6 +52,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 try:
     import tomllib
@@ -65,11 +65,23 @@ except ImportError:  # outside the controller venv: only writing containers.conf
 
 REPO = Path(__file__).resolve().parent.parent
 LAB_DIR = REPO / "lab"
+if str(LAB_DIR) not in sys.path:  # lab/node_limits.py, beside this script (also when loaded by path)
+    sys.path.insert(0, str(LAB_DIR))
+import node_limits  # noqa: E402
+from node_limits import LimitError  # noqa: E402
+
 RECIPE_DIR = LAB_DIR / "image"
 STATE_DIR = Path(os.environ.get("DDP_LAB_STATE_DIR", LAB_DIR / ".state"))
 CONTAINERS_CONF = STATE_DIR / "containers.conf"
 INVENTORY_FILE = REPO / "inventory" / "lab" / "hosts.yml"
 RUNS_DIR = REPO / "runs"  # the controller's runs (ddp_job_runs_dir's default)
+# The training program's reader of a process's CPU share, run with the node's bare python3 (it needs
+# only the standard library): what the lab reports is what the node's workers will see.
+CPUSHARE_PY = REPO / "train" / "ddplab" / "cpushare.py"
+# The link check: bytes each node sends to the next one, one pair at a time.
+LINK_CHECK_BYTES = 64_000_000
+# The CPU check: seconds every node spins at once.
+CPU_CHECK_S = 2.0
 
 SUITE = "bookworm"
 MIRROR = os.environ.get("DDP_LAB_MIRROR", "http://deb.debian.org/debian")
@@ -540,21 +552,18 @@ def agent_unit() -> str:
 def stop_event(runs_dir: Path | None = None) -> tuple[str, dict]:
     """The run runs/current points at and the ``kind: stop`` event stop.yml wrote for its newest
     launch ({} when it was not stopped; ("", {}) without runs/current; ``runs_dir``: default
-    RUNS_DIR): the ``ddp_job_stop_event``
-    filter of roles/ddp_job, the one reading status.yml and collect share."""
+    RUNS_DIR): ddplab.runstate.stop_event, the one reading status.yml and collect share."""
     link = (runs_dir or RUNS_DIR) / "current"
     if not link.is_symlink():
         return "", {}
+    from ddplab.runstate import stop_event as read_stop_event  # train/ on the venv's path: make venv
+
     run = link.resolve()
-    spec = importlib.util.spec_from_file_location(
-        "ddp_job_filters", REPO / "roles" / "ddp_job" / "filter_plugins" / "ddp_job.py")
-    filters = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(filters)
     try:
         text = (run / "events.jsonl").read_text(errors="replace")
     except OSError:
         text = ""
-    return run.name, filters.stop_event(text)
+    return run.name, read_stop_event(text)
 
 
 def failed_units(name: str) -> list[str]:
@@ -871,12 +880,27 @@ def ssh_common_args(known_hosts: Path) -> str:
     return f"-o UserKnownHostsFile={known_hosts}"
 
 
-def render_inventory(gateway: str, addresses: dict[str, str]) -> str:
+def _host_entry(name: str, address: str, cpus: float | None) -> str:
+    entry = f"        {name}:\n          ansible_host: {address}\n          lab_container: {name}"
+    if cpus is not None:
+        # beats group_vars/all.yml's 1 thread (meant for nodes without a quota): the worker takes
+        # one thread per whole CPU of its share (ddplab.cpushare)
+        entry += f"\n          lab_cpus: {cpus:g}\n          ddp_job_threads: null"
+    return entry
+
+
+def render_inventory(
+    gateway: str,
+    addresses: dict[str, str],
+    cpus: dict[str, float | None] | None = None,
+    link_mbit: float | None = None,
+) -> str:
+    """The lab's inventory. ``cpus``: each node's CPU quota in force (a node with one gets host
+    variables ``lab_cpus`` and ``ddp_job_threads: null``); ``link_mbit``: the rate every node's link
+    is shaped to (group variable ``lab_link_mbit``), None when not shaped."""
     venv_python = Path(os.environ.get("DDP_LAB_CONTROLLER_PYTHON", REPO / ".venv" / "bin" / "python"))
-    hosts = "\n".join(
-        f"        {name}:\n          ansible_host: {address}\n          lab_container: {name}"
-        for name, address in addresses.items()
-    )
+    hosts = "\n".join(_host_entry(name, addr, (cpus or {}).get(name)) for name, addr in addresses.items())
+    link = "" if link_mbit is None else f"\n        lab_link_mbit: {link_mbit:g}"
     key, known_hosts = LAB_SSH_DIR / KEY_NAME, LAB_SSH_DIR / KNOWN_HOSTS_NAME
     return f"""---
 # Written by `make lab-up` (lab/lab.py); `make lab-down` removes it. Do not edit: edit lab/lab.py.
@@ -886,7 +910,8 @@ def render_inventory(gateway: str, addresses: dict[str, str]) -> str:
 # {rel(known_hosts)} (read from inside each container). lab_container: the podman container
 # of the node, for what the lab does from outside (roles/fault: power off, start). The job's
 # elastic range follows the group's size: torchrun --nnodes 1:{len(addresses)} unless
-# ddp_job_nnodes_min/ddp_job_nnodes_max say otherwise.
+# ddp_job_nnodes_min/ddp_job_nnodes_max say otherwise. lab_cpus: the node's CPU quota (make lab-up
+# LAB_CPUS=...), lab_link_mbit: the rate of every node's link (LAB_LINK_MBIT=...), as in force.
 all:
   children:
     trainers:
@@ -897,7 +922,7 @@ all:
         ansible_user: {ADMIN_USER}
         ansible_ssh_private_key_file: {json.dumps(str(key))}
         ansible_ssh_common_args: {json.dumps(ssh_common_args(known_hosts))}
-        ansible_python_interpreter: /usr/bin/python3
+        ansible_python_interpreter: /usr/bin/python3{link}
     rendezvous:
       hosts:
         controller:
@@ -907,9 +932,255 @@ all:
 """
 
 
+# --------------------------------------------------------------------------- CPU quotas and links
+
+
+def host_cpus() -> int:
+    """CPUs this machine gives its containers (this process's affinity)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def made_with_cpus(state: dict) -> float | None:
+    """The CPU quota container ``state`` (podman inspect) was made with, None without one."""
+    host = state.get("HostConfig") or {}
+    if host.get("NanoCpus"):
+        return round(host["NanoCpus"] / 1e9, 4)
+    quota, period = host.get("CpuQuota") or 0, host.get("CpuPeriod") or 100000
+    return round(quota / period, 4) if quota > 0 else None
+
+
+def node_share(name: str) -> dict:
+    """The CPU share in force in container ``name`` as its processes see it (train/ddplab/cpushare.py
+    run there by the node's python3): {share, quota, quota_file, affinity, physical_cores, threads}.
+
+    Raises:
+        LabError: the node's python3 cannot run it.
+    """
+    proc = podman("exec", name, "python3", "-c", CPUSHARE_PY.read_text(), check=False, timeout=60)
+    try:
+        return json.loads(out(proc))
+    except json.JSONDecodeError:
+        err = proc.stderr.decode(errors="replace").strip()
+        raise LabError(f"{name}: cannot read its CPU share (exit {proc.returncode}): {err}") from None
+
+
+def node_ifname(name: str) -> str:
+    """The interface of container ``name``'s default route (the lab network's: eth0)."""
+    found = re.search(r"\bdev (\S+)", out(podman("exec", name, "ip", "-o", "route", "show", "default")))
+    if found is None:
+        raise LabError(f"{name} has no default route: `make lab-down lab-up` recreates it")
+    return found.group(1)
+
+
+def node_link_mbit(name: str, ifname: str) -> float | None:
+    """The rate of the lab's tbf on ``ifname`` in container ``name``, None when not shaped."""
+    return node_limits.shaped_mbit(out(podman("exec", name, "tc", "qdisc", "show", "dev", ifname, "root")))
+
+
+def apply_cpus(name: str, want: float | None, state: dict) -> list[str]:
+    """Give container ``name`` the CPU quota ``want`` (None: none) now, with ``podman update``, when
+    its cgroup holds another one; returns what changed. podman (4.3) keeps the quota a container
+    was made with across a restart: a change of an existing node is live only, and says so."""
+    have = node_share(name)["quota"]
+    if in_force(have, want):
+        return []
+    podman("update", "--cpus", f"{want if want is not None else host_cpus():g}", name)
+    made = made_with_cpus(state)
+    line = f"{name}: CPU quota {quota_text(have)} -> {quota_text(want)}"
+    if not node_limits.same_share(made, want):
+        line += (
+            f" (live: a restart of the container, e.g. kill-node.yml's poweroff and rejoin, brings back the "
+            f"quota it was made with, {quota_text(made)}; `make lab-down lab-up LAB_CPUS=...` makes it stay)"
+        )
+    return [line]
+
+
+def quota_text(quota: float | None) -> str:
+    return "none" if quota is None else f"{quota:g}"
+
+
+def in_force(have: float | None, want: float | None) -> bool:
+    """A cgroup quota ``have`` is the quota ``want``; for no quota, all of the host's CPUs is none
+    too (podman cannot remove a quota once set, ``apply_cpus`` sets that)."""
+    if want is None and have is not None:
+        return have >= host_cpus() - 5e-4
+    return node_limits.same_share(have, want)
+
+
+def apply_link(name: str, ifname: str, mbit: int) -> list[str]:
+    """Shape the egress of ``ifname`` in container ``name`` to ``mbit`` Mbit/s by the node's unit
+    ``node_limits.LINK_UNIT`` (0: remove unit and shaping); returns what changed."""
+    unit, path = node_limits.LINK_UNIT, node_limits.LINK_UNIT_PATH
+    if mbit == 0:
+        if podman("exec", name, "test", "-e", path, check=False).returncode != 0:
+            return []
+        podman("exec", name, "systemctl", "disable", "--now", unit)
+        podman("exec", name, "rm", "-f", path)
+        podman("exec", name, "systemctl", "daemon-reload")
+        return [f"{name}: {ifname} no longer shaped"]
+    if put_node_file(name, path, node_limits.link_unit(ifname, mbit), "root:root", "0644"):
+        podman("exec", name, "systemctl", "daemon-reload")
+        podman("exec", name, "systemctl", "enable", unit)
+        podman("exec", name, "systemctl", "restart", unit)
+        return [f"{name}: {ifname} shaped to {mbit} Mbit/s ({unit})"]
+    if podman("exec", name, "systemctl", "is-active", unit, check=False).returncode != 0:
+        podman("exec", name, "systemctl", "enable", "--now", unit)
+        return [f"{name}: {unit} started"]
+    return []
+
+
+def measure_cpu(names: list[str], seconds: float = CPU_CHECK_S) -> dict[str, float]:
+    """CPU-seconds per second that each container got while all of them spun at once for
+    ``seconds`` (as many spinning processes as the node has CPUs): the share in force, and less
+    when the machine is busier than the shares allow."""
+    procs = {}
+    for name in names:
+        workers = str(node_share(name)["affinity"])
+        argv = ["podman", "exec", name, "python3", "-c", node_limits.BUSY_LOOP, str(seconds), workers]
+        procs[name] = subprocess.Popen(argv, env=podman_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    rates = {}
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=seconds + 120)
+        try:
+            rates[name] = round(float(stdout.decode().strip()), 3)
+        except ValueError:
+            err = stderr.decode(errors="replace").strip()
+            raise LabError(f"{name}: the CPU check failed: {err}") from None
+    return rates
+
+
+def qdisc_sent(name: str, ifname: str) -> int | None:
+    stats = out(podman("exec", name, "tc", "-s", "qdisc", "show", "dev", ifname, "root", check=False))
+    return node_limits.qdisc_sent_bytes(stats)
+
+
+def measure_link(sender: str, receiver: str, address: str, ifname: str,
+                 nbytes: int = LINK_CHECK_BYTES) -> node_limits.Transfer:
+    """Send ``nbytes`` over TCP from container ``sender`` to ``receiver`` (at ``address``); the rate
+    the receiver saw and the bytes the sender's queueing discipline on ``ifname`` sent meanwhile."""
+    argv = ["podman", "exec", receiver, "python3", "-c", node_limits.RECEIVER]
+    recv = subprocess.Popen(argv, env=podman_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        port = recv.stdout.readline().strip()
+        if not port.isdigit():
+            err = recv.stderr.read().strip()
+            raise LabError(f"{receiver}: the link check's receiver did not start: {err}")
+        before = qdisc_sent(sender, ifname)
+        podman("exec", sender, "python3", "-c", node_limits.SENDER, address, port, str(nbytes), timeout=300)
+        after = qdisc_sent(sender, ifname)
+        stdout, stderr = recv.communicate(timeout=60)
+    finally:
+        if recv.poll() is None:
+            recv.kill()
+            recv.wait()
+    try:
+        got, seconds = stdout.split()
+    except ValueError:
+        raise LabError(f"{receiver}: the link check's receiver failed: {stderr.strip()}") from None
+    wire = after - before if before is not None and after is not None else None
+    return node_limits.Transfer(sender, receiver, int(got), float(seconds), wire)
+
+
+def limits_text(limits: NodeLimits) -> str:
+    """``, 0.6 CPU, link 1000 Mbit/s`` for a node's limits in force (``""`` without any)."""
+    text = "" if limits.cpus is None else f", {limits.cpus:g} CPU"
+    return text + ("" if limits.link_mbit is None else f", link {limits.link_mbit:g} Mbit/s")
+
+
+class NodeLimits(NamedTuple):
+    """What is in force on one lab node: CPU quota (None: none), its share and threads as its
+    workers see them, the interface and its shaped rate (None: not shaped)."""
+
+    cpus: float | None
+    share: float
+    threads: int
+    ifname: str
+    link_mbit: float | None
+
+
+def read_limits(names: list[str]) -> dict[str, NodeLimits]:
+    """The limits in force on the containers ``names`` (read inside each one)."""
+    found = {}
+    for name in names:
+        share = node_share(name)
+        ifname = node_ifname(name)
+        found[name] = NodeLimits(share["quota"], share["share"], share["threads"], ifname,
+                                 node_link_mbit(name, ifname))
+    return found
+
+
+class Applied(NamedTuple):
+    """What ``apply_limits`` did and found: the lines of what changed, the limits in force per node,
+    the CPU each node got in the busy loop ({} when no node has a quota) and the transfers of the
+    link check ([] when not shaped or a single node)."""
+
+    changed: list[str]
+    limits: dict[str, NodeLimits]
+    cpu: dict[str, float]
+    links: list[node_limits.Transfer]
+
+
+def apply_limits(
+    names: list[str],
+    cpus: tuple[float | None, ...] | None,
+    link_mbit: int | None,
+    addresses: dict[str, str],
+) -> Applied:
+    """Give the containers ``names`` the CPU quotas ``cpus`` (one per node; None: keep theirs) and
+    links shaped to ``link_mbit`` (0: none; None: keep), then check what is in force and measure it:
+    every node's CPU rate while all spin at once (when a node has a quota) and each node's send rate
+    to the next node (when the links are shaped), each logged in a line.
+
+    Raises:
+        LabError: a node holds other limits than asked after they were applied.
+    """
+    changed: list[str] = []
+    for i, name in enumerate(names):
+        state = container_state(name) or {}
+        if cpus is not None:
+            changed += apply_cpus(name, cpus[i], state)
+        if link_mbit is not None:
+            changed += apply_link(name, node_ifname(name), link_mbit)
+    limits = read_limits(names)
+    for i, name in enumerate(names):
+        have = limits[name]
+        if cpus is not None and not in_force(have.cpus, cpus[i]):
+            raise LabError(f"{name}: its cgroup holds a CPU quota of {have.cpus}, not {cpus[i]}")
+        if link_mbit is not None and have.link_mbit != (link_mbit or None):
+            raise LabError(
+                f"{name}: {have.ifname} is shaped to {have.link_mbit} Mbit/s, not {link_mbit or 'none'}: see "
+                f"`podman exec {name} systemctl status {node_limits.LINK_UNIT}`"
+            )
+    quotas = tuple(limits[n].cpus for n in names)
+    warning = node_limits.oversubscribed(quotas, host_cpus())
+    if warning:
+        log(warning)
+    rates: dict[str, float] = {}
+    if any(q is not None for q in quotas):
+        rates = measure_cpu(names)
+        log("CPU in force: " + "; ".join(
+            f"{n} quota {node_limits.shares_text([limits[n].cpus])} ({limits[n].threads} thread(s)), "
+            f"a busy loop got {rates[n]:.2f} CPU" for n in names
+        ) + f" (load {os.getloadavg()[0]:.1f})")
+    transfers = []
+    if any(limits[n].link_mbit is not None for n in names) and len(names) >= 2:
+        for i, name in enumerate(names):
+            peer = names[(i + 1) % len(names)]
+            transfers.append(measure_link(name, peer, addresses[peer], limits[name].ifname))
+            log("link: " + transfers[-1].line(limits[name].link_mbit))
+    return Applied(changed, limits, rates, transfers)
+
+
 def cmd_up(args: argparse.Namespace | None = None) -> None:
     t0 = time.monotonic()
-    nodes = node_names(node_count(getattr(args, "nodes", None), lab_containers()))
+    cpus = node_limits.parse_cpus(getattr(args, "cpus", None), host_cpus())
+    link_mbit = node_limits.parse_link_mbit(getattr(args, "link_mbit", None))
+    present, requested = lab_containers(), getattr(args, "nodes", None)
+    if cpus is not None and len(cpus) > 1 and requested is None and not present:
+        requested = len(cpus)  # a new lab of one laptop per share
+    nodes = node_names(node_count(requested, present))
+    if cpus is not None:
+        cpus = node_limits.shares_for(cpus, len(nodes))
     cmd_image()
     changed: list[str] = []
     if podman("network", "exists", NETWORK, check=False).returncode != 0:
@@ -917,11 +1188,13 @@ def cmd_up(args: argparse.Namespace | None = None) -> None:
         changed.append(f"network {NETWORK} created")
     image_id = out(podman("image", "inspect", "--format", "{{.Id}}", NODE_IMAGE))
     addresses = node_addresses(nodes)
-    for name in nodes:
+    for i, name in enumerate(nodes):
         state = container_state(name)
         if state is None:
+            quota = [] if cpus is None or cpus[i] is None else ["--cpus", f"{cpus[i]:g}"]
             podman(
                 "run",
+                *quota,
                 "--detach",
                 "--name",
                 name,
@@ -962,10 +1235,16 @@ def cmd_up(args: argparse.Namespace | None = None) -> None:
                 f"{name} has the address {have}, not the lab's {addresses[name]} (made by an older "
                 "lab/lab.py?): `make lab-down lab-up` recreates it"
             )
+    applied = apply_limits(list(nodes), cpus, link_mbit, addresses)
+    changed += applied.changed
+    limits = applied.limits
     changed += ensure_ssh_access(LAB_SSH_DIR, addresses)
-    if atomic_write(INVENTORY_FILE, render_inventory(gateway, addresses)):
+    rates = {v.link_mbit for v in limits.values()}
+    inventory = render_inventory(gateway, addresses, {n: v.cpus for n, v in limits.items()},
+                                 rates.pop() if len(rates) == 1 else None)
+    if atomic_write(INVENTORY_FILE, inventory):
         changed.append(f"{rel(INVENTORY_FILE)} written")
-    summary = ", ".join(f"{n} {addresses[n]} ({s})" for n, s in states.items())
+    summary = ", ".join(f"{n} {addresses[n]} ({s}{limits_text(limits[n])})" for n, s in states.items())
     log(f"{'; '.join(changed) if changed else 'nothing changed'}")
     log(
         f"lab is up in {time.monotonic() - t0:.0f} s: {summary}; SSH as {ADMIN_USER} works; "
@@ -1019,6 +1298,19 @@ def cmd_access(args: argparse.Namespace) -> None:
     )
 
 
+def cmd_limits(args: argparse.Namespace) -> None:
+    """``limits --cpus ... --link-mbit ... CONTAINER...``: the molecule scenarios' prepare step
+    (their containers are made by molecule's podman driver, so quotas are given live)."""
+    cpus = node_limits.parse_cpus(args.cpus, host_cpus())
+    link_mbit = node_limits.parse_link_mbit(args.link_mbit)
+    if cpus is not None:
+        cpus = node_limits.shares_for(cpus, len(args.containers))
+    addresses = {name: container_address(name) for name in args.containers}
+    applied = apply_limits(list(args.containers), cpus, link_mbit, addresses)
+    log(f"{'; '.join(applied.changed) if applied.changed else 'nothing changed'}; "
+        + ", ".join(f"{n}{limits_text(v) or ' (no limits)'}" for n, v in applied.limits.items()))
+
+
 def cmd_network(args: argparse.Namespace) -> None:
     """Make the podman network ``args.name`` with the IPv4 subnet ``args.subnet`` unless it exists.
 
@@ -1061,7 +1353,8 @@ def cmd_status(_args: argparse.Namespace | None = None) -> None:
         systemd = "-"
         if running:
             systemd = out(podman("exec", name, "systemctl", "is-system-running", check=False)) or "?"
-        print(f"{name} {state['State'].get('Status')} systemd={systemd}")
+        limits = limits_text(read_limits([name])[name]) if running else ""
+        print(f"{name} {state['State'].get('Status')} systemd={systemd}{limits}")
     print(f"conf     {CONTAINERS_CONF if CONTAINERS_CONF.is_file() else 'none (podman defaults)'}")
 
 
@@ -1080,6 +1373,7 @@ def main(argv: list[str] | None = None) -> int:
         ("image", cmd_image, "build the node image (cached by recipe hash)"),
         ("up", cmd_up, "start the lab laptops (--nodes N) and write inventory/lab/hosts.yml"),
         ("access", cmd_access, "SSH access for given containers: key pair, sudo account, known_hosts"),
+        ("limits", cmd_limits, "CPU quotas and shaped links for given containers, checked and measured"),
         ("network", cmd_network, "make a podman network with a given subnet unless it exists"),
         ("down", cmd_down, "remove the lab containers, network, generated inventory and SSH state"),
         ("status", cmd_status, "show image, network and node states"),
@@ -1092,6 +1386,18 @@ def main(argv: list[str] | None = None) -> int:
         help=f"how many laptops (laptop-a, laptop-b, ...; 1-{len(NODE_LETTERS)}): default the running "
         f"lab's size, else {DEFAULT_NODE_COUNT}; fewer than the lab has is an error (`down` first)",
     )
+    for name in ("up", "limits"):
+        sub.choices[name].add_argument(
+            "--cpus", metavar="SHARES",
+            help="CPU quota per laptop in CPUs, in address order (0.6,0.6,0.3), one for all (0.6) or off; "
+            "default: keep what the nodes have",
+        )
+        sub.choices[name].add_argument(
+            "--link-mbit", metavar="RATE",
+            help="shape every node's link to RATE Mbit/s (tbf, e.g. 1000) or off; default: keep",
+        )
+    sub.choices["limits"].add_argument("containers", nargs="+", metavar="CONTAINER",
+                                       help="running node containers, in address order")
     access = sub.choices["access"]
     access.add_argument(
         "--state-dir", required=True, help="folder of the key pair and known_hosts (created, mode 0700)"
@@ -1103,7 +1409,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         args.func(args)
-    except LabError as exc:
+    except (LabError, LimitError) as exc:
         print(f"lab: error: {exc}", file=sys.stderr)
         return 1
     except subprocess.TimeoutExpired as exc:

@@ -33,6 +33,15 @@ def dataset_path() -> Path:
     return Path(env) if env else (REPO / ".." / "shared" / "data" / "tinyshakespeare" / "input.txt").resolve()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def results_dir(tmp_path_factory) -> Path:
+    """The benchmarks' results files of this session (``DDPLAB_RESULTS_DIR``, read by
+    ddplab.bench.results, inherited by child processes): never the checkout's benchmarks/results."""
+    folder = tmp_path_factory.mktemp("results")
+    os.environ["DDPLAB_RESULTS_DIR"] = str(folder)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def data_path() -> Path:
     path = dataset_path()

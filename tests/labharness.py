@@ -21,6 +21,7 @@ matrix need no node and always run.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import random
@@ -82,6 +83,21 @@ def skip_or_fail(reason: str) -> None:
     if os.environ.get("DDP_LAB_TEST_REQUIRE_NODES") == "1":
         pytest.fail(f"DDP_LAB_TEST_REQUIRE_NODES=1 but {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def lab_image_or_skip():
+    """lab/lab.py (module ``lab``, on pytest's pythonpath), for a case that starts its own containers
+    of the lab image; ``pytest.skip`` (a failure with ``DDP_LAB_TEST_REQUIRE_NODES=1``) without
+    podman, root or the image, or with ``DDP_LAB_TEST_INVENTORY=none``."""
+    if os.environ.get("DDP_LAB_TEST_INVENTORY") == "none":
+        skip_or_fail("DDP_LAB_TEST_INVENTORY=none: the node cases are off")
+    if shutil.which("podman") is None or os.geteuid() != 0:
+        skip_or_fail("needs podman and root (the lab's containers)")
+    import lab
+
+    if not lab.image_exists(lab.NODE_IMAGE):
+        skip_or_fail(f"no lab image {lab.NODE_IMAGE}: run `make image`")
+    return lab
 
 
 def lab_or_skip() -> Lab:
@@ -226,19 +242,40 @@ def node_exec(
 # above the project's fixed ports (29400 store, 29510 lighthouse, 29520/29521 replica), which
 # molecule or the lab may hold on this host while tests run.
 TEST_PORTS = range(30000, 32768)
-_handed_out: set[int] = set()
+#: One lock file per port handed out (``<port>.lock``), flock-ed by the process that got it for as
+#: long as it lives: test processes running at once on this machine (pytest-xdist workers, other
+#: checkouts' suites) never hand out the same port.
+PORT_LOCKS = Path(os.environ.get("DDP_LAB_TEST_PORT_LOCKS", "/tmp/ddp-lab-test-ports"))
+_handed_out: dict[int, int] = {}  # port -> the fd holding its lock (closed when the process ends)
+
+
+def _reserve(port: int) -> int | None:
+    """The fd of ``port``'s lock file, locked by this process; None when another process holds it."""
+    PORT_LOCKS.mkdir(mode=0o777, parents=True, exist_ok=True)
+    fd = os.open(PORT_LOCKS / f"{port}.lock", os.O_CREAT | os.O_RDWR, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def free_port() -> int:
-    """A TCP port that nothing listens on now and that no outgoing connection can take before
-    the process it is meant for binds it, e.g. for a store or a Manager of a test's own.
+    """A TCP port that nothing listens on now, that no other test process on this machine is
+    given while this one lives, and that no outgoing connection can take before the process it is
+    meant for binds it, e.g. for a store or a Manager of a test's own.
 
     A port the kernel picks (``bind(("127.0.0.1", 0))``) lies in the ephemeral range: the
     connections of processes already running (gloo pairs, store and gRPC clients) draw their
     local ports from that range too, and one of them can take it first (CI saw a per_step
     replica's worker fail to start that way). This picks at random from :data:`TEST_PORTS`,
-    below that range, one that binds on every address and was not handed out before in this
-    process.
+    below that range, one that binds on every address, was not handed out before in this
+    process, and whose lock in :data:`PORT_LOCKS` no other living process holds (two test
+    processes picking the same port between the check and the bind: a lighthouse that could not
+    bind left its test talking to another test's lighthouse). A process that does not use this
+    function can still take a port: a server started on one should check that it listens itself
+    (e.g. tests/test_per_step_e2e.py's lighthouse).
 
     Raises:
         RuntimeError: the ephemeral range reaches into :data:`TEST_PORTS`, or none is free.
@@ -250,12 +287,16 @@ def free_port() -> int:
     for port in random.sample(TEST_PORTS, len(TEST_PORTS)):
         if port in _handed_out:
             continue
+        fd = _reserve(port)
+        if fd is None:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("0.0.0.0", port))  # also refused when a listener holds any address
             except OSError:
+                os.close(fd)
                 continue
-        _handed_out.add(port)
+        _handed_out[port] = fd
         return port
     raise RuntimeError(f"no free TCP port in {TEST_PORTS.start}-{TEST_PORTS.stop - 1}")
 
@@ -414,7 +455,7 @@ def render_agent_launch(tmp_path: Path, *extra: str) -> tuple[list[str], list[st
                                                                    "ddp_job/vars")],
         "vars": {"ddp_lab_run_id": "r1", "wired_network_ifname": "enp3s0",
                  "wired_network_address": "192.168.50.11", "__ddp_job_launch_token": "tok",
-                 "__ddp_job_node": {"cores": 4}},
+                 "__ddp_job_node": {"cores": 4, "cpu": {"threads": 4}}},
         "tasks": [{"name": "Print it", "ansible.builtin.debug": {"msg": what}}],
     }]))
     rc, out = run_playbooks(ansible_env(), str(inventory), [str(play)], *extra, timeout=120)
@@ -423,14 +464,3 @@ def render_agent_launch(tmp_path: Path, *extra: str) -> tuple[list[str], list[st
     assert m, out[-3000:]
     argv, node_options, config = (json.loads(g.replace('\\"', '"')) for g in m.groups())
     return argv, node_options, config
-
-
-def load_plugin(name: str, path: str):
-    """The Python module of a role plugin (action or filter) at ``path`` (relative to the checkout),
-    imported under ``name``: role plugins are files, not packages."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, REPO / path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod

@@ -37,9 +37,8 @@ import psutil
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 WORKER = HERE / "rdzv_toy_worker.py"
-sys.path.insert(0, str(REPO / "train"))
 
-from ddplab.controller import rdzv_store  # noqa: E402
+from ddplab.controller import rdzv_store  # noqa: E402  (train/ is on the venv's path: make venv)
 from labharness import free_port  # noqa: E402  (tests/ is sys.path[0], script or pytest)
 
 # The rdzv-conf ddp-lab ships (roles/ddp_job/defaults/main.yml mirrors it).

@@ -174,9 +174,10 @@ def test_a_diverged_run_is_not_replayed_by_the_restarts(tmp_path, data_path):
 
 
 def test_the_final_exit_code_is_the_trainers_and_the_agent_reads_it_without_torch():
-    """agent.py hard-coded 4 for ddplab.train.EXIT_CUT_OFF; both now read ddplab.exit_codes."""
-    from ddplab import train
+    """agent.py hard-coded 4 for the trainer's EXIT_CUT_OFF (now the per_step engine's cut-off
+    code, ddplab.engines.per_step); both read ddplab.exit_codes."""
+    from ddplab.engines import per_step
 
-    assert set(agent.FINAL_EXIT_CODES) == {train.EXIT_CUT_OFF}
+    assert set(agent.FINAL_EXIT_CODES) == {per_step.EXIT_CUT_OFF}
     code = "import sys, ddplab.agent; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], env=subprocess_env(), check=False).returncode == 0

@@ -16,17 +16,14 @@ with ``DDP_LAB_TEST_REQUIRE_NODES=1``). About 40 s, most of it apt on the node.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shlex
-import shutil
 from pathlib import Path
 
 import pytest
 import yaml
-from labharness import REPO, ansible_env, run_playbooks, skip_or_fail
+from labharness import REPO, ansible_env, lab_image_or_skip, run_playbooks
 
-LAB_PY = REPO / "lab" / "lab.py"
 TRAINING_USER = yaml.safe_load((REPO / "roles/ddp_lab/defaults/main.yml").read_text())["ddp_lab_user"]
 PROBE = f"/home/{TRAINING_USER}/ddp-lab-become-probe"
 TRANSFER_FAILS = "Failed to set permissions on the temporary files"
@@ -35,23 +32,16 @@ pytestmark = pytest.mark.lab
 
 
 def _lab_module():
-    spec = importlib.util.spec_from_file_location("ddp_lab_lab_become", LAB_PY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    import lab
+
+    return lab
 
 
 @pytest.fixture(scope="module")
 def bare_node(tmp_path_factory):
     """A container of the lab image as landed, reachable over SSH as the sudo account, with a
     ``ddp`` user: (inventory path, container name). Removed afterwards."""
-    if os.environ.get("DDP_LAB_TEST_INVENTORY") == "none":
-        skip_or_fail("DDP_LAB_TEST_INVENTORY=none: the node cases are off")
-    if shutil.which("podman") is None or os.geteuid() != 0:
-        skip_or_fail("needs podman and root (the lab's containers)")
-    lab = _lab_module()
-    if not lab.image_exists(lab.NODE_IMAGE):
-        skip_or_fail(f"no lab image {lab.NODE_IMAGE}: run `make image`")
+    lab = lab_image_or_skip()
     name = f"ddp-lab-become-{os.getpid()}"
     state = tmp_path_factory.mktemp("ssh")
     lab.podman("run", "--detach", "--name", name, "--hostname", name, "--systemd=always", lab.NODE_IMAGE)

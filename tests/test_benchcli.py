@@ -7,10 +7,8 @@ import subprocess
 import sys
 
 import pytest
+from benchcli import first_sentence
 from labharness import REPO
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-from benchcli import first_sentence  # noqa: E402
 
 BENCHMARKS = sorted(p for p in (REPO / "benchmarks").glob("*.py") if p.name != "benchcli.py")
 

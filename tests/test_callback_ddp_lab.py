@@ -1,5 +1,5 @@
-"""The stdout callback ``ddp_lab`` (callback_plugins/ddp_lab.py): a refusal (a false assert, a fail
-task's own message, a project action plugin's deliberate failure), looped or not, is one
+"""The stdout callback ``ddp_lab.cluster.ddp_lab`` (plugins/callback/ddp_lab.py): a refusal (a false
+assert, a fail task's own message, a project action plugin's deliberate failure), looped or not, is one
 ``[ERROR]`` line without ansible-core's ``Origin:`` block; every other failure of the same actions (a
 broken conditional or template, an exception inside a project action plugin) keeps its Origin
 (file:line) (review, session 8: the callback treated any failed assert/fail/plugin as a refusal and
@@ -28,11 +28,12 @@ REFUSALS = {
     "fail looped": "ansible.builtin.fail: {msg: '{{ item }}'}, loop: [first problem, second problem]",
     "assert looped": "ansible.builtin.assert: {that: [item > 2], fail_msg: '{{ item }} is small'}, loop: [1]",
     # AnsibleActionFail: the plugin's own message in the result
-    "plugin refusal": "validate_check: {checks: [{check: no_such_check}]}",
-    "plugin refusal looped": "validate_check: {checks: [{check: '{{ item }}'}]}, loop: [no_such_check]",
+    "plugin refusal": "ddp_lab.cluster.validate_check: {checks: [{check: no_such_check}]}",
+    "plugin refusal looped": ("ddp_lab.cluster.validate_check: {checks: [{check: '{{ item }}'}]}, "
+                              "loop: [no_such_check]"),
     # ddp_lab's wait on a background job that outlives its timeout (the job: SETUP's sleep)
-    "plugin timeout": ("ddp_lab_await: {jid: '{{ bg.ansible_job_id }}', what: a sleep, interval_s: 0.2, "
-                       "timeout_s: 0.5}"),
+    "plugin timeout": ("ddp_lab.cluster.ddp_lab_await: {jid: '{{ bg.ansible_job_id }}', what: a sleep, "
+                       "interval_s: 0.2, timeout_s: 0.5}"),
 }
 # tasks the cases need first (not asserted on)
 SETUP = ("    - {name: setup sleep, ansible.builtin.command: sleep 5, async: 30, poll: 0, register: bg, "
@@ -43,15 +44,15 @@ BROKEN = {
     "fail broken when": "ansible.builtin.fail: {msg: m}, when: no_such_var.attr > 1",
     "assert looped broken": "ansible.builtin.assert: {that: [item.nope > 2], fail_msg: x}, loop: [1]",
     # an exception inside the plugin (a check entry that is not a mapping): a bug, not a refusal
-    "plugin crash": "validate_check: {checks: [not_a_mapping]}",
-    "plugin crash looped": "validate_check: {checks: ['{{ item }}']}, loop: [not_a_mapping]",
+    "plugin crash": "ddp_lab.cluster.validate_check: {checks: [not_a_mapping]}",
+    "plugin crash looped": "ddp_lab.cluster.validate_check: {checks: ['{{ item }}']}, loop: [not_a_mapping]",
 }
 HEAD = "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
 
 
 @pytest.fixture(scope="module")
 def shown(tmp_path_factory) -> tuple[Path, dict[str, int], dict[str, str]]:
-    """One ansible-playbook run (the project's ansible.cfg, validate_check on the action path) of
+    """One ansible-playbook run (the project's ansible.cfg, its collection ddp_lab.cluster) of
     every case: the playbook, each task's line in it and each task's output (banner to banner)."""
     if PLAYBOOK is None:
         pytest.skip("ansible-playbook is not installed (make venv)")
@@ -61,8 +62,7 @@ def shown(tmp_path_factory) -> tuple[Path, dict[str, int], dict[str, str]]:
         at[name] = len("".join(lines).splitlines()) + 1
         lines.append(f"    - {{name: {name}, ignore_errors: true, {task}}}\n")
     play.write_text("".join(lines))
-    env = {**ansible_env(), "ANSIBLE_ACTION_PLUGINS": ":".join(
-        str(REPO / "roles" / role / "action_plugins") for role in ("validate", "ddp_lab"))}
+    env = ansible_env()
     out = subprocess.run([PLAYBOOK, "-i", "localhost,", "-c", "local", "-e",
                           f"ansible_python_interpreter={sys.executable}", str(play)], env=env, cwd=REPO,
                          capture_output=True, text=True, timeout=300, check=False)

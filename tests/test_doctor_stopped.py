@@ -8,10 +8,9 @@ import json
 import time
 
 import pytest
-from labharness import load_plugin
+from ansible_collections.ddp_lab.cluster.plugins.action import validate_check as vc
 from test_status_table import PLAYBOOK, RUN_ID, _play, _stop_case
 
-vc = load_plugin("validate_check_doctor", "roles/validate/action_plugins/validate_check.py")
 SHOW_GONE = "LoadState=not-found\nExecStart=\nEnvironment=\n"
 SHOW_LOADED = ("LoadState=loaded\nExecStart={ path=/opt/ddp-lab/venv/bin/python ;"
                " argv[]=/opt/ddp-lab/venv/bin/python -m ddplab.agent --local-addr 10.89.0.11"

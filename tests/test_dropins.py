@@ -8,7 +8,6 @@ systemd-logind: ``systemd-analyze cat-config --root`` on a temp root with a dist
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -19,19 +18,14 @@ from pathlib import Path
 import jinja2
 import pytest
 import yaml
+from ansible_collections.ddp_lab.cluster.plugins.filter import power
+from ansible_collections.ddp_lab.cluster.plugins.modules import ddp_lab_nm_setting as nm_setting
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 PLAYBOOK = shutil.which("ansible-playbook", path=str(BIN)) or shutil.which("ansible-playbook")
 NM = shutil.which("NetworkManager", path="/usr/sbin:/usr/bin")
 UBUNTU_NM = "[connection]\nwifi.powersave = 3\n"  # /etc/NetworkManager/conf.d/default-wifi-powersave-on.conf
-
-
-def _load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def role_default(role: str, var: str) -> str:
@@ -61,9 +55,6 @@ def merged_powersave(text: str) -> str | None:
         elif section == "connection" and line.startswith("wifi.powersave="):
             return line.split("=", 1)[1]
     return None
-
-
-nm_setting = _load(ROOT / "roles/wifi_powersave/library/ddp_lab_nm_setting.py", "ddp_lab_nm_setting")
 
 
 def test_nm_read_order_and_the_file_that_overrides_in_a_fake_folder_set():
@@ -149,7 +140,6 @@ def test_wifi_powersave_role_fails_naming_the_file_that_overrides_it(tmp_path):
     assert f"{etc}/zzz-vendor.conf [connection] sets 3 wins" in run.stdout
 
 
-power = _load(ROOT / "roles/power/filter_plugins/power.py", "power_filters")
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 LID = yaml.safe_load((ROOT / "roles/power/vars/main.yml").read_text())["__power_lid_settings"]
 OEM_LOGIND = "[Login]\nHandleLidSwitch=suspend\n"  # a vendor's /usr/lib/systemd/logind.conf.d/oem-lid.conf

@@ -5,17 +5,13 @@ engine's run.json keys); the fault role's filters (rejoin compares command lines
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 import yaml
+from ansible_collections.ddp_lab.cluster.plugins.filter import fault as fault_filters
 from labharness import REPO, ansible_env, render_agent_launch, run_playbooks
-
-fault_filters = importlib.util.module_from_spec(
-    importlib.util.spec_from_file_location("fault_filters", REPO / "roles/fault/filter_plugins/fault.py"))
-fault_filters.__spec__.loader.exec_module(fault_filters)
 
 AGENT = ["/opt/ddp-lab/venv/bin/python", "-m", "ddplab.agent"]
 # what both engines pass the same way: the node's own address, restarts, fork, logs, the program
@@ -57,6 +53,16 @@ def test_torchelastic_launch_is_unchanged(tmp_path: Path):
     assert setenv(argv) == ADDRESS_ENV + ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"] + RUN_ENV + barrier
     assert node_opts == ["--local-addr"]
     assert not [k for k in config if k == "fault_tolerance" or k.startswith("ft_")], config
+
+
+def test_batch_balance_reaches_run_json_only_when_given(tmp_path: Path):
+    """ddp_job_batch_balance -> run.json batch_balance; unset, run.json has none (the training
+    program's off; a resume keeps the run's own)."""
+    _, _, config = render_agent_launch(tmp_path, "-e", "ddp_job_batch_balance=speed")
+    assert config["batch_balance"] == "speed"
+    (tmp_path / "unset").mkdir()
+    _, _, config = render_agent_launch(tmp_path / "unset")
+    assert "batch_balance" not in config, config
 
 
 def test_per_step_launch_is_one_replica_group_per_laptop(tmp_path: Path):
@@ -161,8 +167,8 @@ def test_torchft_pinned_alike_on_controller_and_nodes():
     """The lighthouse (controller venv, requirements-torch.txt) and the replicas (the nodes'
     wheelhouse, roles/python_env) run the same torchft release, and the wheelhouse downloads it."""
     defaults = yaml.safe_load((REPO / "roles/python_env/defaults/main.yml").read_text())
-    reqs = yaml.safe_load((REPO / "roles/python_env/vars/main.yml").read_text())["__python_env_requirements"]
-    assert "torchft=={{ python_env_torchft_version }}" in reqs
+    pins = yaml.safe_load((REPO / "roles/python_env/vars/main.yml").read_text())["__python_env_pins"]
+    assert pins["torchft"] == "python_env_torchft_version"
     controller = [ln.strip() for ln in (REPO / "requirements-torch.txt").read_text().splitlines()]
     assert f"torchft=={defaults['python_env_torchft_version']}" in controller
     torch_pin = next(ln for ln in controller if ln.startswith("torch=="))
@@ -174,7 +180,8 @@ def test_every_hosts_run_json_names_the_same_launch(tmp_path: Path):
     another launch (a rejoin then missed the group quorum id of its own launch), next to the start
     barrier's own token. It is now that one token, named once (run_once) before run.json is written."""
     main = yaml.safe_load((REPO / "roles/ddp_job/tasks/main.yml").read_text())
-    order = [t.get("ansible.builtin.import_tasks") for t in main]
+    launch = next(t for t in main if "block" in t)["block"]  # up to the agents' start: one block
+    order = [t.get("ansible.builtin.import_tasks") for t in launch]
     assert order.index("launch_token.yml") < order.index("ship.yml") < order.index("launch.yml"), order
     local = {"ansible_connection": "local"}
     hosts = {f"t-{c}": {**local, "wired_network_address": f"192.168.50.1{i}"} for i, c in enumerate("abc")}
@@ -187,7 +194,8 @@ def test_every_hosts_run_json_names_the_same_launch(tmp_path: Path):
         "name": "Render each host's run.json", "hosts": "trainers", "gather_facts": False,
         "vars_files": [str(REPO / f"roles/{f}/main.yml") for f in ("ddp_lab/defaults", "ddp_job/defaults",
                                                                    "ddp_job/vars")],
-        "vars": {"ddp_lab_run_id": "r1", "wired_network_ifname": "enp3s0", "__ddp_job_node": {"cores": 4}},
+        "vars": {"ddp_lab_run_id": "r1", "wired_network_ifname": "enp3s0",
+                 "__ddp_job_node": {"cores": 4, "cpu": {"threads": 4}}},
         "tasks": [
             {"name": "As main.yml",
              "ansible.builtin.import_tasks": str(REPO / "roles/ddp_job/tasks/launch_token.yml")},

@@ -1,5 +1,5 @@
 """status.yml under both recovery engines: the heading names the engine, and the torchft lighthouse's
-line (per_step) shows its state and quorum (roles/ddp_job/action_plugins/ddp_job_status_table.py,
+line (per_step) shows its state and quorum (action plugin ddp_lab.cluster.ddp_job_status_table,
 ddplab.status.node_progress)."""
 
 from __future__ import annotations

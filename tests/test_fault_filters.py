@@ -4,17 +4,14 @@ each agent ended and the one-line outcome. Pure functions of the progress result
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 import yaml
+from ansible_collections.ddp_lab.cluster.plugins.filter import fault as ff
 
 ROLE = Path(__file__).resolve().parents[1] / "roles" / "fault"
-_spec = importlib.util.spec_from_file_location("fault_filters", ROLE / "filter_plugins" / "fault.py")
-ff = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ff)
 
 
 def _worker(node, rank, time, world_size=2):
@@ -23,9 +20,9 @@ def _worker(node, rank, time, world_size=2):
 
 # laptop-a and laptop-b train (ranks 0 and 1), laptop-c's agent failed, laptop-d was not read (off)
 PROGRESS = {
-    "laptop-a": {"agent_running": True, "agent_state": "active", "workers": [_worker("laptop-a", 0, 20)]},
-    "laptop-b": {"agent_running": True, "agent_state": "active", "workers": [_worker("laptop-b", 1, 10)]},
-    "laptop-c": {"agent_running": False, "agent_state": "failed", "agent_substate": "failed",
+    "laptop-a": {"state": "running", "agent": {"running": True}, "workers": [_worker("laptop-a", 0, 20)]},
+    "laptop-b": {"state": "running", "agent": {"running": True}, "workers": [_worker("laptop-b", 1, 10)]},
+    "laptop-c": {"state": "failed", "agent": {"running": False, "state": "failed", "substate": "failed"},
                  "workers": [_worker("laptop-c", 2, 5, world_size=3)]},
     "laptop-d": {"skipped": True},
 }
@@ -116,13 +113,17 @@ def test_agent_end_from_the_unit_and_the_journal():
 
 
 def test_not_recovered_line():
-    ends = {"laptop-a": "laptop-a: active", "laptop-b": None}
+    ends = {"laptop-a": "laptop-a: failed (exit 1)", "laptop-b": None}
     ended = ff.not_recovered({"phase": "ended", "measure": {"cause": "signal: SIGKILL"}}, "r1", "kill-agent",
                              "laptop-b", 1, 240, ends, "ddp-lab-agent")
     assert ended == (
-        "run r1 ended after kill-agent of laptop-b (rank 1). Agents: laptop-a: active; laptop-b. Last failure"
-        " record: signal: SIGKILL. The job is over; fix: start a new run with site.yml (more faults per run"
-        " need a higher ddp_job_max_restarts)")
+        "run r1 ended after kill-agent of laptop-b (rank 1). Agents: laptop-a: failed (exit 1); laptop-b."
+        " Last failure record: signal: SIGKILL. The job is over; fix: start a new run with site.yml (more"
+        " faults per run need a higher ddp_job_max_restarts)")
+    # an agent still active: never "the job is over" (issue 27 item 15; tests/test_one_fault_at_a_time.py)
+    still = ff.not_recovered({"phase": "ended"}, "r1", "kill-agent", "laptop-b", 1, 240,
+                             {"laptop-a": "laptop-a: active", "laptop-b": None}, "u")
+    assert "The job is over" not in still and "The job still runs on laptop-a" in still, still
     waiting = ff.not_recovered({"phase": "waiting", "measure": {"cause": "x " * 150}}, "r1", "freeze",
                                "laptop-b", None, 150, ends, "ddp-lab-agent")
     assert waiting.startswith("run r1 did not recover within 150 s after freeze of laptop-b. Agents:")

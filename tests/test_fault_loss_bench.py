@@ -1,20 +1,13 @@
 """benchmarks/fault_loss.py: the validation curve of a collected run, the side-by-side table and the
 plot (the lab runs themselves are a benchmark, not a test)."""
 
-import importlib.util
 import json
 import subprocess
-import sys
 from pathlib import Path
 
+import fault_loss as fl
 import pytest
-from labharness import REPO
 from test_report import make_run
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-spec = importlib.util.spec_from_file_location("fault_loss_bench", REPO / "benchmarks/fault_loss.py")
-fl = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(fl)
 
 
 def test_val_curve_has_one_loss_per_evaluation_step(tmp_path):

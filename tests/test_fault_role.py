@@ -1,5 +1,6 @@
-"""kill-node.yml refuses bad input before touching a node, and the role's ddp_lab_progress action
-plugin (``python -m ddplab.status`` on the node) reads a node's metrics as the play waits on them.
+"""kill-node.yml refuses bad input before touching a node, and the node_status action plugin
+(modes once and until: ``python -m ddplab.status`` on the node) reads a node's metrics as the play
+waits on them.
 
 The inventory's trainers are podman containers that do not exist: a task that reached one would
 fail as unreachable, so a clean refusal proves that nothing was contacted.
@@ -103,11 +104,11 @@ def _records(host, t0, steps, world_size=3, restart=0, start_resumed=None):
 def run_module(tmp_path, args, extra_vars=()):
     env = _env(tmp_path)
     # the action plugin runs ``python -m ddplab.status`` on the node: here this Python, train/ on its path
-    env.update(ANSIBLE_ACTION_PLUGINS=str(ROOT / "roles/fault/action_plugins"),
-               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "train"), env.get("PYTHONPATH")) if p),
+    env.update(PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "train"), env.get("PYTHONPATH")) if p),
                ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
     args = args if extra_vars else {"python": sys.executable, **args}
-    r = subprocess.run([ADHOC, "localhost", "-c", "local", "-i", "localhost,", "-m", "ddp_lab_progress",
+    r = subprocess.run([ADHOC, "localhost", "-c", "local", "-i", "localhost,",
+                        "-m", "ddp_lab.cluster.node_status",
                         "-e", f"ansible_python_interpreter={sys.executable}", *extra_vars,
                         "-a", " ".join(f"{k}={v}" for k, v in args.items())],
                        capture_output=True, text=True, env=env, timeout=120)
@@ -123,12 +124,12 @@ def test_progress_module_reports_ranks_and_a_recovery(tmp_path):
     recs += _records("node-1", 1010.0, [4, 5], world_size=2, restart=1, start_resumed=3)
     torn = '{"event": "st'  # a line being appended while the module reads
     (metrics / "node-1-local0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs) + torn)
-    res = run_module(tmp_path, {"metrics_dir": metrics, "inventory_name": "laptop-x"})
+    res = run_module(tmp_path, {"out_dir": tmp_path, "label": "laptop-x"})
     assert res["records"] == 7 and res["skipped_lines"] == 1
     (w,) = res["workers"]
     assert (w["node"], w["host"], w["rank"], w["world_size"], w["step"]) == ("laptop-x", "node-1", 0, 2, 5)
     assert "phase" not in res
-    res = run_module(tmp_path, {"metrics_dir": metrics, "since": 1003.0, "mode": "kill-agent",
+    res = run_module(tmp_path, {"out_dir": tmp_path, "mode": "until", "since": 1003.0, "fault": "kill-agent",
                                 "node": "laptop-y"})
     assert res["phase"] == "recovered"
     m = res["measure"]
@@ -137,12 +138,14 @@ def test_progress_module_reports_ranks_and_a_recovery(tmp_path):
     assert res["timed_out"] is False
 
 
-def test_progress_module_in_check_mode_says_why_instead_of_crashing(tmp_path):
-    # kill-node.yml --check crashed with "list index out of range": command skips in check mode
+def test_progress_module_reads_in_check_mode_too(tmp_path):
+    # kill-node.yml --check crashed with "list index out of range" (the command module skips in check
+    # mode); the read runs the command itself over the connection, read-only, in check mode too
     metrics = tmp_path / "metrics"
     metrics.mkdir()
-    res = run_module(tmp_path, {"python": sys.executable, "metrics_dir": metrics}, extra_vars=("--check",))
-    assert res.get("failed") and "the reading task needs check_mode: false" in res["msg"], res
+    (metrics / "n-local0.jsonl").write_text(json.dumps(_records("n", 1000.0, [3])[0]) + "\n")
+    res = run_module(tmp_path, {"python": sys.executable, "out_dir": tmp_path}, extra_vars=("--check",))
+    assert not res.get("failed") and res["records"] == 1 and res["progress"]["step"] == 3, res
 
 
 def test_progress_module_waits_then_says_the_job_ended(tmp_path):
@@ -151,9 +154,9 @@ def test_progress_module_waits_then_says_the_job_ended(tmp_path):
     (metrics / "n-local0.jsonl").write_text("".join(json.dumps(r) + "\n"
                                                     for r in _records("n", 1000.0, [1, 2], start_resumed=0)))
     # no agent unit runs on this machine: after the fault nothing moves and the agent is gone
-    res = run_module(tmp_path, {"metrics_dir": metrics, "since": 1002.0, "wait_s": 1, "poll_s": 0.2,
-                                "unit": "ddp-lab-test-absent"})
-    assert res["phase"] == "ended" and res["agent_running"] is False
+    res = run_module(tmp_path, {"out_dir": tmp_path, "mode": "until", "since": 1002.0, "timeout_s": 1,
+                                "interval_s": 0.2, "unit": "ddp-lab-test-absent"})
+    assert res["phase"] == "ended" and res["agent"]["running"] is False
     assert res["measure"]["outcome"] == "no_data"
 
 
@@ -165,5 +168,5 @@ def test_progress_plugin_finds_the_venv_by_python_env_prefix(tmp_path):
     (metrics / "n-local0.jsonl").write_text(json.dumps(_records("n", 1000.0, [7])[0]) + "\n")
     (tmp_path / "venv" / "bin").mkdir(parents=True)
     (tmp_path / "venv" / "bin" / "python").symlink_to(sys.executable)
-    res = run_module(tmp_path, {"metrics_dir": metrics}, ["-e", f"python_env_prefix={tmp_path / 'venv'}"])
+    res = run_module(tmp_path, {"out_dir": metrics.parent}, ["-e", f"python_env_prefix={tmp_path / 'venv'}"])
     assert res["records"] == 1 and res["workers"][0]["step"] == 7

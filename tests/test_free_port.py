@@ -1,16 +1,25 @@
-"""The test harness's ports (labharness.free_port) cannot be taken by an outgoing connection.
+"""The test harness's ports (labharness.free_port) cannot be taken by an outgoing connection, nor
+handed out to two test processes running at once.
 
 CI failed once when a per_step replica's worker, started seconds after two others, exited 1 before
 it joined: its ports had been picked with ``bind(("127.0.0.1", 0))``, from the kernel's ephemeral
 range, where the other replicas' gloo, store and gRPC connections draw their local ports too.
+A port free when one process checked it could be given to another process too before the first
+bound it (pytest-xdist workers, other checkouts' suites): each port handed out is locked
+machine-wide (labharness.PORT_LOCKS) for as long as the process that got it lives.
 """
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 from labharness import TEST_PORTS, free_port
 
 
@@ -31,10 +40,44 @@ def test_a_port_held_by_a_listener_is_not_handed_out(monkeypatch):
     import labharness
 
     port = free_port()
+    os.close(labharness._handed_out.pop(port))  # its lock released: only the listener is in the way
     with socket.socket() as held:
         held.bind(("127.0.0.1", port))
         held.listen()
         monkeypatch.setattr(labharness, "TEST_PORTS", range(port, port + 1))
-        monkeypatch.setattr(labharness, "_handed_out", set())
         with pytest.raises(RuntimeError, match="no free TCP port"):
             labharness.free_port()
+    assert labharness.free_port() == port  # nothing holds it any more
+
+
+def test_a_port_another_test_process_got_is_not_handed_out_while_it_lives(monkeypatch):
+    """Two processes choosing from the same ten ports at once: the other takes five and keeps
+    running; this one gets only ports the other did not get (until none is left); once the other
+    ended, its ports are handed out again. (A port some third process listens on is skipped by
+    both, which these assertions allow.)"""
+    import labharness
+
+    low = free_port()
+    for p in range(low, low + 10):  # release this process's own hold on the ten (it took one)
+        if p in labharness._handed_out:
+            os.close(labharness._handed_out.pop(p))
+    script = textwrap.dedent(f"""\
+        import sys, labharness
+        labharness.TEST_PORTS = range({low}, {low + 10})
+        print(*sorted(labharness.free_port() for _ in range(5)), flush=True)
+        sys.stdin.read()  # hold the ports until told to end
+        """)
+    other = subprocess.Popen([sys.executable, "-c", script], cwd=REPO / "tests", stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    monkeypatch.setattr(labharness, "TEST_PORTS", range(low, low + 10))
+    mine: set[int] = set()
+    try:
+        theirs = set(map(int, other.stdout.readline().split()))
+        assert len(theirs) == 5, theirs
+        with pytest.raises(RuntimeError, match="no free TCP port"):
+            while True:
+                mine.add(labharness.free_port())
+        assert mine and not mine & theirs and mine <= set(range(low, low + 10))
+    finally:
+        other.communicate("", timeout=30)
+    assert labharness.free_port() in theirs  # released when the other process ended

@@ -15,6 +15,8 @@ to the Manager, as torchft does when an all-reduce fails.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import test_per_step_e2e as e2e
 from labharness import free_port
@@ -26,8 +28,10 @@ pytestmark = pytest.mark.slow
 FAILED_ATTEMPT = 3  # the third attempt's vote fails (the first attempt at step 3)
 
 
-@pytest.fixture
-def trainer(tmp_path, data_path, lighthouse, tiny, clean_env):
+@contextlib.contextmanager
+def in_process_replica(out, data_path, lighthouse, tiny, clean_env, **settings):
+    """A ddplab.train.Trainer in this process: one replica group (the real torchft Manager) of
+    ``lighthouse`` named node0, ``settings`` over a tiny run's; closed on exit."""
     from ddplab.config import parse_args
     from ddplab.distributed import DistEnv
     from ddplab.train import Trainer
@@ -35,25 +39,32 @@ def trainer(tmp_path, data_path, lighthouse, tiny, clean_env):
     clean_env.setenv("DDPLAB_GLOO_ADDR", "127.0.0.1")
     clean_env.setenv("RUST_LOG", "warn")
     clean_env.delenv("DDPLAB_RDZV_ENDPOINT", raising=False)
-    cfg, _ = parse_args(tiny(tmp_path / "out", data_path, max_steps=6, eval_interval=100,
-                             ckpt_interval=100, fault_tolerance="per_step", ft_lighthouse=lighthouse,
-                             ft_replica_id="node0", ft_manager_port=free_port()))
+    cfg, _ = parse_args(tiny(out, data_path, ft_lighthouse=lighthouse, ft_replica_id="node0",
+                             ft_manager_port=free_port(), **settings))
     trainer = Trainer(cfg, DistEnv.from_environ())
     trainer.validate_inputs()
     trainer.guard.install()
-    yield trainer
-    trainer.guard.uninstall()
-    if trainer.replica:
-        trainer.replica.shutdown()
-    if trainer.metrics:
-        trainer.metrics.close()
+    try:
+        yield trainer
+    finally:
+        trainer.guard.uninstall()
+        trainer.engine.close()
+        if trainer.metrics:
+            trainer.metrics.close()
+
+
+@pytest.fixture
+def trainer(tmp_path, data_path, lighthouse, tiny, clean_env):
+    with in_process_replica(tmp_path / "out", data_path, lighthouse, tiny, clean_env, max_steps=6,
+                            eval_interval=100, ckpt_interval=100, fault_tolerance="per_step") as trainer:
+        yield trainer
 
 
 def test_a_step_whose_commit_fails_writes_no_step_record(trainer, capsys):
     from ddplab.records import read_jsonl
 
     trainer.setup()
-    replica = trainer.replica
+    replica = trainer.engine.replica
     average, attempts = replica.average_gradients, []
 
     def failing_on_one_attempt(params):

@@ -9,10 +9,14 @@ replica; the lab's partition drops the packets).
   Manager server retries the lighthouse, but the Python call's deadline is the same quorum
   timeout). ddplab.ft drops the future (``Replica._forget_failed_quorum``); the last test checks
   that torchft still needs it, so an upgrade that fixes torchft shows.
-* A lighthouse out of reach when the worker starts: torchft's own connect retries up to the
-  Manager's ``connect_timeout`` (ft_quorum_timeout_s + ft_rejoin_wait_s), one line says so, and
-  the Replica is built in one call once the lighthouse answers; past the bound it ends cut off.
-  The heal's client keeps ft_quorum_timeout_s as its connect timeout.
+* A lighthouse out of reach when the worker starts (nothing listens on its port yet; a frozen
+  lighthouse that listens would still accept the connect): torchft's own connect retries up to
+  the Manager's ``connect_timeout`` (ft_quorum_timeout_s + ft_rejoin_wait_s), one line says so,
+  and the Replica is built in one call once the lighthouse answers; past the bound it ends cut
+  off. The heal's client keeps ft_quorum_timeout_s as its connect timeout.
+* The lighthouse a test freezes is the one its replica talks to: it listens itself before the
+  test starts (tests/test_per_step_e2e.py's start_lighthouse) and a freeze waits until every
+  thread of it is stopped.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import threading
 import time
 from datetime import timedelta
 
+import psutil
 import pytest
 import test_per_step_e2e as e2e
 import torch
@@ -58,40 +63,78 @@ def make_replica(lighthouse, clean_env):
         replica.shutdown()
 
 
-def thaw_after(lighthouse, seconds: float) -> threading.Timer:
-    timer = threading.Timer(seconds, lambda: lighthouse.proc.send_signal(signal.SIGCONT))
-    timer.start()
-    return timer
+def unreachable() -> tuple[str, int]:
+    """A lighthouse address where nothing listens yet (a lighthouse not up, or refused by the
+    controller's firewall): the port is reserved (free_port), so nothing else takes it."""
+    port = free_port()
+    return f"http://127.0.0.1:{port}", port
 
 
 def test_a_quorum_call_that_timed_out_is_asked_again_in_the_same_life(make_replica, lighthouse):
     replica = make_replica()
     assert replica.start_step() == (0, 1)
     first = replica.quorum_id
-    lighthouse.proc.send_signal(signal.SIGSTOP)
+    lighthouse.freeze()  # this test's own lighthouse (it listens itself), every thread stopped
     t0 = time.monotonic()
     assert replica.start_step() is None  # no quorum within ft_quorum_timeout_s 2: nothing computed
     assert time.monotonic() - t0 >= 1.9
     assert replica.quorum_error.startswith("TimeoutError: ") and "Timeout expired" in replica.quorum_error
     assert "metadata" not in replica.quorum_error and replica.no_quorum_s >= 1.9
-    lighthouse.proc.send_signal(signal.SIGCONT)
+    lighthouse.thaw()
     assert replica.start_step() == (0, 1)  # asked again: the quorum came (before: TimeoutError)
     assert replica.quorum_error is None and replica.no_quorum_s < 1
     assert replica.quorum_id >= first and replica.cut_off is None
 
 
-def test_a_lighthouse_out_of_reach_at_start_is_waited_for_in_one_call(make_replica, lighthouse, capsys):
-    lighthouse.proc.send_signal(signal.SIGSTOP)
-    thaw = thaw_after(lighthouse, 4)
-    t0 = time.monotonic()
-    replica = make_replica(ft_timeout_s=1)
-    built_s = time.monotonic() - t0
-    thaw.join()
-    assert 3.5 <= built_s < 30, built_s  # torchft waited for the thaw (connect backoff <= 10 s)
-    out = capsys.readouterr().out
-    assert ("its start is taking longer than 1 s (ft_timeout_s; lighthouse at "
-            f"{lighthouse}); torchft keeps trying to connect for at most 62 s") in out
-    assert replica.start_step() == (0, 1)
+def test_the_lighthouse_a_test_freezes_is_the_one_its_replica_talks_to(tmp_path, monkeypatch):
+    """The quorum test once got a quorum while "its" lighthouse was frozen: the lighthouse could
+    not bind the port it was given (another process had taken it since the pick), so the replica
+    talked to that process's lighthouse and the SIGSTOP went to an exited process. The test's
+    lighthouse is now one that listens itself (else started on another port), and freezing an
+    exited one fails. Here the first port is held by another lighthouse."""
+    other = e2e.start_lighthouse(tmp_path / "other.log")
+    taken = int(other.rpartition(":")[2])
+    ports = iter([taken, free_port()])
+    monkeypatch.setattr(e2e, "free_port", lambda: next(ports))
+    mine = e2e.start_lighthouse(tmp_path / "mine.log")
+    try:
+        assert mine != other and mine.proc.poll() is None
+        port = int(mine.rpartition(":")[2])
+        assert [c.laddr.port for c in psutil.Process(mine.proc.pid).net_connections("tcp")
+                if c.status == psutil.CONN_LISTEN] == [port]
+        mine.freeze()
+        mine.thaw()
+    finally:
+        for lh in (mine, other):
+            lh.proc.kill()
+            lh.proc.wait()
+    with pytest.raises(AssertionError, match="exited"):
+        mine.freeze()
+
+
+def test_a_lighthouse_out_of_reach_at_start_is_waited_for_in_one_call(make_replica, tmp_path, capsys):
+    # nothing listens on the lighthouse's port until 4 s after the replica starts (a frozen
+    # lighthouse that listens would accept the connect: the kernel completes it)
+    address, port = unreachable()
+    started = []
+    late = threading.Timer(4, lambda: started.append(
+        e2e.start_lighthouse(tmp_path / "late.log", port=port)))
+    late.start()
+    try:
+        t0 = time.monotonic()
+        replica = make_replica(ft_timeout_s=1, ft_lighthouse=address)
+        built_s = time.monotonic() - t0
+        late.join()
+        assert 3.5 <= built_s < 30, built_s  # torchft waited for the lighthouse (connect backoff <= 10 s)
+        out = capsys.readouterr().out
+        assert ("its start is taking longer than 1 s (ft_timeout_s; lighthouse at "
+                f"{address}); torchft keeps trying to connect for at most 62 s") in out
+        assert replica.start_step() == (0, 1)
+    finally:
+        late.join()
+        for lh in started:
+            lh.proc.kill()
+            lh.proc.wait()
 
 
 def test_the_heal_client_gets_the_quorum_timeout_not_the_first_connect_bound(make_replica):
@@ -111,11 +154,13 @@ def test_the_heal_client_gets_the_quorum_timeout_not_the_first_connect_bound(mak
 
 def test_a_heal_fetches_the_peer_state_with_the_quorum_timeout(make_replica, monkeypatch):
     """A real heal: node1 (step 0) joins node0 (step 5) and fetches its state; the client torchft
-    builds for that gets ft_quorum_timeout_s (2 s) as connect timeout (before: 62 s)."""
+    builds for that gets ft_quorum_timeout_s as connect timeout, not ft_quorum_timeout_s +
+    ft_rejoin_wait_s. The quorum timeout is 15 s here so that a loaded machine still forms the
+    quorum and finishes the heal within it (at 2 s, start_step returned None under load)."""
     import torchft.manager
 
-    ahead = make_replica(ft_replica_id="node0", ft_min_replicas=2)
-    behind = make_replica(ft_replica_id="node1", ft_min_replicas=2)
+    ahead = make_replica(ft_replica_id="node0", ft_min_replicas=2, ft_quorum_timeout_s=15)
+    behind = make_replica(ft_replica_id="node1", ft_min_replicas=2, ft_quorum_timeout_s=15)
     ahead.manager.load_state_dict({"step": 5, "batches_committed": 0})
     real, built = torchft.manager.ManagerClient, []
 
@@ -129,19 +174,19 @@ def test_a_heal_fetches_the_peer_state_with_the_quorum_timeout(make_replica, mon
     assert behind.start_step() is not None
     other.join(30)
     assert behind.step == 5  # healed from node0
-    assert built == [timedelta(seconds=2)]
+    assert built == [timedelta(seconds=15)]  # not 75 s (15 + ft_rejoin_wait_s 60)
 
 
-def test_a_lighthouse_out_of_reach_past_the_bound_ends_the_replica_cut_off(make_replica, lighthouse):
+def test_a_lighthouse_out_of_reach_past_the_bound_ends_the_replica_cut_off(make_replica):
     from ddplab.ft import CutOffError
 
-    lighthouse.proc.send_signal(signal.SIGSTOP)
+    address, _ = unreachable()
     t0 = time.monotonic()
     with pytest.raises(CutOffError) as err:
-        make_replica(ft_quorum_timeout_s=1, ft_rejoin_wait_s=2)
+        make_replica(ft_quorum_timeout_s=1, ft_rejoin_wait_s=2, ft_lighthouse=address)
     assert 3 <= time.monotonic() - t0 < 30
     assert err.value.cut_off.quorum_id is None and err.value.cut_off.unreachable_s >= 3
-    assert f"got no quorum from the lighthouse {lighthouse}" in str(err.value)
+    assert f"got no quorum from the lighthouse {address}" in str(err.value)
     assert "\n" not in str(err.value)
 
 
@@ -163,10 +208,10 @@ def test_torchft_still_keeps_a_failed_quorum_future(lighthouse, quorum_retries):
                       quorum_retries=quorum_retries)
     try:
         manager.start_quorum()
-        lighthouse.proc.send_signal(signal.SIGSTOP)
+        lighthouse.freeze()
         with pytest.raises(TimeoutError):
             manager.start_quorum()  # the lighthouse frozen past the quorum timeout
-        lighthouse.proc.send_signal(signal.SIGCONT)
+        lighthouse.thaw()
         time.sleep(0.5)
         failed = manager._quorum_future
         attempts = []

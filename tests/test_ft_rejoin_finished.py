@@ -16,24 +16,22 @@ import sys
 
 import pytest
 import yaml
+from ansible_collections.ddp_lab.cluster.plugins.filter import fault as fault_filters
 from test_fault_unreachable import PLAYBOOK, ROOT, play
-
-sys.path.insert(0, str(ROOT / "roles" / "fault" / "filter_plugins"))
-import fault as fault_filters  # noqa: E402  (the role's filter plugin file)
 
 FINISHED = {"finished": True, "step": 2500, "stop_cause": None}
 CUT_OFF = {"finished": False, "step": 2073, "stop_cause": "cut_off"}
 
 
 def progress(doc: dict, running: bool = False, state: str = "failed") -> dict:
-    """A ddp_lab_progress result: the agent unit and ddplab.status's progress document."""
-    return {"agent_state": "active" if running else state, "agent_substate": "running" if running else state,
-            "agent_running": running, "workers": [], "progress": doc}
+    """A node_status result: the job's state, the agent unit and ddplab.status's progress document."""
+    return {"state": "running" if running else state, "agent": {"running": running}, "workers": [],
+            "progress": doc}
 
 
 def test_a_replica_cut_off_from_a_finished_group_is_called_cut_off():
     states = fault_filters.agent_states({
-        "laptop-a": progress(FINISHED, state="active"), "laptop-b": progress(FINISHED, state="active"),
+        "laptop-a": progress(FINISHED, state="succeeded"), "laptop-b": progress(FINISHED, state="succeeded"),
         "laptop-c": progress(CUT_OFF)})
     assert states["laptop-c"] == "cut off"
     # without a laptop that finished the run, the unit's state as before (status.yml: failed)
@@ -44,7 +42,7 @@ def test_a_replica_cut_off_from_a_finished_group_is_called_cut_off():
 
 def test_the_refusal_names_the_finished_run_and_the_cut_off_node():
     plan = fault_filters.resolve({
-        "laptop-a": progress(FINISHED, state="active"), "laptop-b": progress(FINISHED, state="active"),
+        "laptop-a": progress(FINISHED, state="succeeded"), "laptop-b": progress(FINISHED, state="succeeded"),
         "laptop-c": progress(CUT_OFF)}, {}, "laptop-c", -1, "rejoin")
     assert plan["finished"] == {"hosts": ["laptop-a", "laptop-b"], "step": 2500}
     line = fault_filters.finished_refusal(plan, "rejoin", "R")
@@ -54,7 +52,7 @@ def test_the_refusal_names_the_finished_run_and_the_cut_off_node():
     line = fault_filters.finished_refusal(plan, "poweroff", "R")
     assert "there is no training to inject poweroff into" in line
     # a run still going on one laptop is not finished for kill-node.yml (the task's condition)
-    plan = fault_filters.resolve({"laptop-a": progress(FINISHED, state="active"),
+    plan = fault_filters.resolve({"laptop-a": progress(FINISHED, state="succeeded"),
                                   "laptop-b": progress({}, running=True)}, {}, "laptop-c", -1, "rejoin")
     assert plan["finished"]["hosts"] == ["laptop-a"] and plan["active"] == ["laptop-b"]
 
@@ -87,7 +85,7 @@ def kill_node_on_a_finished_run(tmp_path, monkeypatch, *extra: str):
         "trainers": {"hosts": hosts},
         "rendezvous": {"hosts": {"controller": {"ansible_connection": "local",
                                                 "rendezvous_address": "10.255.0.1"}}}}}}))
-    # ddp_lab_progress runs `python -m ddplab.status` on the node: here this Python, train/ on its path
+    # node_status runs `python -m ddplab.status` on the node: here this Python, train/ on its path
     paths = (str(ROOT / "train"), os.environ.get("PYTHONPATH"))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
     r = play(tmp_path, inv, ROOT / "kill-node.yml", *extra, "run_id=r1", "ddp_lab_user=root")

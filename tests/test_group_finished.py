@@ -1,5 +1,5 @@
 """"Did the group finish the run" has one home, ddplab.records.group_finished: the collected run's
-outcome (ddplab.controller.rundir.run_outcome), a node's state (ddplab.status: ``finished``,
+outcome (ddplab.runstate.run_outcome), a node's state (ddplab.status: ``finished``,
 job_state without systemd, past_run_state) and the status table's cut-off rows agree.
 
 Before, each decided it on its own: node_progress's ``finished`` and job_state without systemd
@@ -10,25 +10,19 @@ newest launch trained on), and the table's cut-off rule asked whether another ro
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from ansible_collections.ddp_lab.cluster.plugins.action import ddp_job_status_table as table_plugin
 from ddplab import status as st
-from ddplab.controller.rundir import run_outcome
 from ddplab.records import group_finished, newest_start_time
+from ddplab.runstate import run_outcome
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _table():
-    spec = importlib.util.spec_from_file_location(
-        "ddp_job_status_table_gf", ROOT / "roles/ddp_job/action_plugins/ddp_job_status_table.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return table_plugin
 
 
 def rec(event: str, t: float | None, **kw) -> dict:
@@ -86,7 +80,7 @@ def test_a_cut_off_replica_reads_cut_off_when_the_group_finished_whatever_the_fi
     table = _table()
     nodes = {"laptop-a": _node("laptop-a", "failed", CASES["ended"][0]),
              "laptop-c": _node("laptop-c", "failed", [START, rec("step", 2.0, step=4, loss=2.0), CUT])}
-    rows = table.mark_cut_off([table.row_of(h, r) for h, r in nodes.items()], nodes)
+    rows = table.rows_of(nodes)
     assert [r["agent"] for r in rows] == ["failed", "cut off"]
 
 
@@ -96,6 +90,6 @@ def test_a_cut_off_replica_stays_failed_when_no_replica_reached_max_steps():
     table = _table()
     nodes = {"laptop-a": _node("laptop-a", "ended", CASES["still training"][0]),
              "laptop-c": _node("laptop-c", "failed", [START, rec("step", 2.0, step=4, loss=2.0), CUT])}
-    rows = table.mark_cut_off([table.row_of(h, r) for h, r in nodes.items()], nodes)
+    rows = table.rows_of(nodes)
     assert [r["agent"] for r in rows] == ["ended", "failed"]
     assert table.bad_nodes(rows) == ["laptop-c: failed"]

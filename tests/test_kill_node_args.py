@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible_collections.ddp_lab.cluster.plugins.filter import fault as fault_filters
 from test_fault_role import PLAYBOOK, assert_refused
-from test_status_table import _load
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = yaml.safe_load((ROOT / "roles/fault/meta/argument_specs.yml").read_text())
@@ -16,7 +16,7 @@ SPEC = SPEC["argument_specs"]["main"]["options"]
 
 
 def _filters():
-    return _load("fault_filters", "roles/fault/filter_plugins/fault.py")
+    return fault_filters
 
 
 @pytest.mark.parametrize("values, problems", [

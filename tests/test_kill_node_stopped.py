@@ -1,6 +1,6 @@
-"""kill-node.yml names a node's agent as status.yml does: "stopped by stop.yml" for a run that
-stop.yml stopped (its ``kind: stop`` event, the fact status.yml and collect read), not "failed"
-(newcomer: kill-node said ``failed`` where status said ``stopped``).
+"""kill-node.yml names a node's agent as status.yml does (ddplab.runstate's words): "stopped by
+stop.yml" for a run that stop.yml stopped (its ``kind: stop`` event, the fact status.yml and
+collect read), not "failed" (newcomer: kill-node said ``failed`` where status said ``stopped``).
 
 Inventory, run and play helpers of tests/test_fault_unreachable.py: laptop-a is a laptop that is
 off (closed SSH port), laptop-b this machine, holding the run's metrics, with no agent running.
@@ -59,11 +59,13 @@ printf 'Result=%s\\nExecMainStatus=%s\\nMainPID=0\\n' "$3" "$4"
 
 @pytest.mark.parametrize("unit, said", [
     ("failed failed exit-code 1", "failed"),  # a worker's error ended the agent
-    ("inactive dead success 0", "inactive dead"),  # stop.yml cleared an ended job (no stop event)
+    # stop.yml cleared an ended job (no stop event): the unit is gone, the run's records end in a
+    # step (no end, no failure record): interrupted, the word status.yml shows (ddplab.runstate)
+    ("inactive dead success 0", "interrupted"),
 ])
 def test_a_node_not_stopped_is_named_by_its_unit(tmp_path, closed_port, monkeypatch, unit, said):  # noqa: F811
-    """Without a stop event, the target is named by its agent unit's state and sub-state as the
-    node's systemd gives them (a fake systemctl here), not "stopped by stop.yml"."""
+    """Without a stop event, the target is named by its state in the run-state model's words (a
+    fake systemctl gives the agent unit), not "stopped by stop.yml"."""
     fakebin = tmp_path / "fakebin"
     fakebin.mkdir()
     (fakebin / "systemctl").write_text(FAKE_SYSTEMCTL)

@@ -5,8 +5,8 @@ cgroups-v1 host, rlimits above what the runtime may set); `make lab-up` and the 
 exercise the real thing.
 """
 
-import importlib.util
 import json
+import re
 import resource
 import subprocess
 import tomllib
@@ -15,14 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-LAB_PY = Path(__file__).resolve().parents[1] / "lab" / "lab.py"
-
 
 @pytest.fixture
 def lab(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("ddp_lab_lab", LAB_PY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    import lab as module
     monkeypatch.setattr(module, "STATE_DIR", tmp_path / "state")
     monkeypatch.setattr(module, "CONTAINERS_CONF", tmp_path / "state" / "containers.conf")
     monkeypatch.setattr(module, "_system_conf_files", lambda: [])
@@ -308,12 +304,51 @@ def test_known_hosts_name_every_node_and_its_address(lab, tmp_path, monkeypatch)
 class FakeLab:
     """podman stand-in for `lab up`/`down`/`status`: containers by name, one network, the node image."""
 
-    def __init__(self, *existing: str, foreign: tuple[str, ...] = ()) -> None:
+    def __init__(self, *existing: str, foreign: tuple[str, ...] = (), cpus: float | None = None) -> None:
         self.net: str | None = "10.89.0.0/24" if existing else None
-        self.containers = {n: {"ip": f"10.89.0.{11 + ord(n[-1]) - 97}", "lab": True} for n in existing}
-        self.containers.update({n: {"ip": "10.89.0.99", "lab": False} for n in foreign})
+        self.containers = {n: self._new(f"10.89.0.{11 + ord(n[-1]) - 97}", cpus) for n in existing}
+        self.containers.update({n: {**self._new("10.89.0.99", None), "lab": False} for n in foreign})
         self.runs: list[tuple[str, str]] = []
         self.removed: list[str] = []
+        self.updates: list[tuple[str, str]] = []
+
+    @staticmethod
+    def _new(ip: str, cpus: float | None) -> dict:
+        """A container: made with quota ``cpus``; ``quota`` is its cgroup's (podman update changes it,
+        as on podman 4.3, not the made-with value); ``files`` its files; ``qdisc`` tc's root line."""
+        return {"ip": ip, "lab": True, "made": cpus, "quota": cpus, "files": {},
+                "qdisc": "qdisc noqueue 0: root refcnt 2"}
+
+    def node_exec(self, c: dict, argv: tuple[str, ...]) -> tuple[str, int]:
+        """What a node answers to the limits' `podman exec` calls."""
+        if argv[:2] == ("python3", "-c") and "def read_share" in argv[2]:
+            q = c["quota"]
+            share = {"share": min(q, 2.0) if q else 2.0, "quota": q, "affinity": 2, "physical_cores": 2,
+                     "quota_file": q and "/sys/fs/cgroup/cpu/x"}
+            return json.dumps({**share, "threads": max(1, int(share["share"]))}), 0
+        if argv[:3] == ("ip", "-o", "route"):
+            return "default via 10.89.0.1 dev eth0 proto static", 0
+        if argv[:2] == ("tc", "qdisc"):
+            return c["qdisc"], 0
+        if argv[0] == "test":
+            return "", 0 if argv[-1] in c["files"] else 1
+        if argv[0] == "stat":
+            return ("root:root 644", 0) if argv[-1] in c["files"] else ("", 1)
+        if argv[0] == "cat":
+            return c["files"].get(argv[-1], ""), 0 if argv[-1] in c["files"] else 1
+        if argv[0] == "rm":
+            c["files"].pop(argv[-1], None)
+            return "", 0
+        if argv[0] == "systemctl":
+            unit = c["files"].get("/etc/systemd/system/ddp-lab-link.service", "")
+            if argv[1] in ("restart", "enable") or argv[1:3] == ("enable", "--now"):
+                rate = re.search(r"rate (\d+)mbit", unit)
+                gbit = int(rate.group(1)) // 1000
+                c["qdisc"] = f"qdisc tbf 1ab: root refcnt 2 rate {gbit}Gbit burst 1Mb lat 50ms"
+            if argv[1] == "disable":
+                c["qdisc"] = "qdisc noqueue 0: root refcnt 2"
+            return "running", 0
+        raise AssertionError(f"unexpected podman exec {argv}")
 
     def __call__(self, *args: str, check: bool = True, **_: object) -> subprocess.CompletedProcess:
         def done(text: str = "", rc: int = 0) -> subprocess.CompletedProcess:
@@ -338,6 +373,7 @@ class FakeLab:
             if c is None:
                 return done(rc=1)
             state = {
+                "HostConfig": {"NanoCpus": int((c["made"] or 0) * 1e9)},
                 "Config": {"Labels": {"ddp-lab.lab": "1"} if c["lab"] else {}},
                 "Image": "sha256:node",
                 "State": {"Running": True, "Status": "running"},
@@ -346,11 +382,17 @@ class FakeLab:
             return done(json.dumps([state]))
         if args[0] == "run":
             name, ip = args[args.index("--name") + 1], args[args.index("--ip") + 1]
-            self.containers[name] = {"ip": ip, "lab": True}
+            cpus = float(args[args.index("--cpus") + 1]) if "--cpus" in args else None
+            self.containers[name] = self._new(ip, cpus)
             self.runs.append((name, ip))
             return done()
-        if args[:3] == ("exec", args[1], "systemctl"):
-            return done("running")
+        if args[0] == "update":
+            self.updates.append((args[-1], args[2]))
+            self.containers[args[-1]]["quota"] = float(args[2])
+            return done()
+        if args[0] == "exec":
+            text, rc = self.node_exec(self.containers[args[1]], args[2:])
+            return done(text, rc)
         if args[0] == "rm":
             self.removed.append(args[-1])
             del self.containers[args[-1]]
@@ -360,8 +402,8 @@ class FakeLab:
 
 @pytest.fixture
 def fake_lab(lab, tmp_path, monkeypatch):
-    def make(*existing: str, foreign: tuple[str, ...] = ()) -> FakeLab:
-        fake = FakeLab(*existing, foreign=foreign)
+    def make(*existing: str, foreign: tuple[str, ...] = (), cpus: float | None = None) -> FakeLab:
+        fake = FakeLab(*existing, foreign=foreign, cpus=cpus)
         monkeypatch.setattr(lab, "podman", fake)
         monkeypatch.setattr(lab, "cmd_image", lambda args=None: None)
         monkeypatch.setattr(lab, "check_gateway_reachable", lambda gateway, node: None)
@@ -509,3 +551,180 @@ def test_lab_up_names_a_job_stop_yml_stopped_instead_of_a_degraded_lab(lab, tmp_
     assert "laptop-c: systemd is degraded; failed units: foo.service" in text, text
     (run / "events.jsonl").write_text(json.dumps({"kind": "launch", "time": 3.0}) + "\n")  # relaunched
     assert lab.wait_for_systemd("laptop-a") == "degraded"
+
+
+# --------------------------------------------------------------------------- CPU quotas and links
+
+
+@pytest.fixture
+def limits_lab(lab, fake_lab, monkeypatch):
+    """fake_lab plus the limits' own calls: files written into a node, the CPU and link checks."""
+    def make(*existing: str, cpus: float | None = None) -> FakeLab:
+        fake = fake_lab(*existing, cpus=cpus)
+
+        def put(name, path, text, owner, mode, check=""):
+            files = fake.containers[name]["files"]
+            changed = files.get(path) != text
+            files[path] = text
+            return changed
+
+        fake.measured = {"cpu": [], "link": []}
+        monkeypatch.setattr(lab, "put_node_file", put)
+        monkeypatch.setattr(lab, "host_cpus", lambda: 2)
+        monkeypatch.setattr(lab, "measure_cpu", lambda names: fake.measured["cpu"].append(names) or {
+            n: fake.containers[n]["quota"] or 2.0 for n in names})
+
+        def link(sender, receiver, address, ifname):
+            fake.measured["link"].append((sender, receiver, address, ifname))
+            return lab.node_limits.Transfer(sender, receiver, 64_000_000, 0.55, 66_300_000)
+
+        monkeypatch.setattr(lab, "measure_link", link)
+        return fake
+
+    return make
+
+
+def _hosts(lab) -> dict:
+    return yaml.safe_load(lab.INVENTORY_FILE.read_text())["all"]["children"]["trainers"]
+
+
+@pytest.mark.parametrize(
+    ("text", "shares"),
+    [("0.6", (0.6,)), ("0.6,0.6,0.3", (0.6, 0.6, 0.3)), (" 0.5 , off ,1", (0.5, None, 1.0)), ("OFF", (None,)),
+     ("2", (2.0,)), ("0.01", (0.01,)), (None, None), ("", None)],
+)
+def test_cpu_shares_are_parsed_one_per_laptop_or_one_for_all(lab, text, shares):
+    assert lab.node_limits.parse_cpus(text, 2) == shares
+
+
+@pytest.mark.parametrize("text", ["0.6,x", "0", "-0.5", "2.5", "0.6,,0.3", "nan", "inf", "0.001", "1e9"])
+def test_a_bad_cpu_share_is_one_line_that_says_what_to_give(lab, text):
+    with pytest.raises(lab.node_limits.LimitError) as err:
+        lab.node_limits.parse_cpus(text, 2)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"LAB_CPUS={text}: ") and "LAB_CPUS=0.6,0.6,0.3" in msg
+
+
+@pytest.mark.parametrize(("text", "mbit"), [("1000", 1000), (" 100 ", 100), ("off", 0), ("0", 0), ("none", 0),
+                                            (None, None), ("", None)])
+def test_link_rates_are_whole_mbit_or_off(lab, text, mbit):
+    assert lab.node_limits.parse_link_mbit(text) == mbit
+
+
+@pytest.mark.parametrize("text", ["1e3", "1000mbit", "-5", "100001", "1.5", "fast"])
+def test_a_bad_link_rate_is_one_line(lab, text):
+    with pytest.raises(lab.node_limits.LimitError, match=rf"^LAB_LINK_MBIT={re.escape(text)}: give the link"):
+        lab.node_limits.parse_link_mbit(text)
+
+
+def test_shares_over_the_machines_cpus_give_a_warning(lab):
+    warn = lab.node_limits.oversubscribed
+    assert warn((0.6, 0.6, 0.3), 2) is None and warn((0.5, 0.5, 1.0), 2) is None
+    assert warn((None, None, None), 2) is None  # the default lab: no quotas, no warning
+    text = warn((1.0, 1.0, 0.5), 2)
+    assert "add up to 2.5 CPUs, more than this machine's 2" in text and "depend on the load" in text
+    assert "add up to 2.6 CPUs" in warn((0.6, None), 2)  # a node without a quota can take them all
+
+
+def test_the_link_unit_shapes_the_egress_with_the_labs_tbf(lab):
+    nl = lab.node_limits
+    unit = nl.link_unit("eth0", 1000)
+    assert ("ExecStart=/usr/sbin/tc qdisc replace dev eth0 root handle 1ab: tbf rate 1000mbit burst 1000000 "
+            "latency 50ms") in unit
+    assert "ExecStop=/usr/sbin/tc qdisc del dev eth0 root" in unit and "WantedBy=multi-user.target" in unit
+    assert nl.burst_bytes(10) == 128 * 1024  # at least 128 KB
+    show = "qdisc tbf 1ab: root refcnt 2 rate 1Gbit burst 1000000b lat 50ms \n"
+    assert nl.shaped_mbit(show) == 1000.0
+    assert nl.shaped_mbit("qdisc tbf 1ab: root refcnt 2 rate 500Mbit burst 512Kb lat 50ms") == 500.0
+    assert nl.shaped_mbit("qdisc tbf d1ab: root refcnt 2 rate 1Gbit burst 1Mb lat 50ms") is None  # bench's
+    assert nl.shaped_mbit("qdisc noqueue 0: root refcnt 2") is None
+    stats = show + " Sent 66300000 bytes 45000 pkt (dropped 0, overlimits 9000 requeues 0)\n backlog 0b 0p\n"
+    assert nl.qdisc_sent_bytes(stats) == 66_300_000 and nl.qdisc_sent_bytes("qdisc noqueue 0: root") is None
+
+
+def test_a_transfer_line_gives_the_payload_rate_and_the_bytes_on_the_wire(lab):
+    t = lab.node_limits.Transfer("laptop-a", "laptop-b", 64_000_000, 0.55, 66_300_000)
+    assert t.line(1000.0) == ("laptop-a -> laptop-b: 64.0 MB in 0.55 s = 931 Mbit/s of payload; the sender's "
+                              "qdisc sent 66.3 MB (tbf 1000 Mbit/s)")
+    assert lab.node_limits.Transfer("a", "b", 10, 1.0, None).line(None).endswith("of payload (not shaped)")
+
+
+def test_up_with_cpus_makes_each_laptop_with_its_quota(lab, limits_lab, capsys):
+    fake = limits_lab()
+    assert lab.main(["up", "--cpus", "0.6,0.6,0.3"]) == 0  # no LAB_NODES: one laptop per share
+    made = {n: c["made"] for n, c in fake.containers.items()}
+    assert made == {"laptop-a": 0.6, "laptop-b": 0.6, "laptop-c": 0.3}
+    assert fake.updates == [] and fake.measured["cpu"] == [["laptop-a", "laptop-b", "laptop-c"]]
+    trainers = _hosts(lab)
+    assert {n: (h["lab_cpus"], h["ddp_job_threads"]) for n, h in trainers["hosts"].items()} == {
+        "laptop-a": (0.6, None), "laptop-b": (0.6, None), "laptop-c": (0.3, None)}
+    assert "lab_link_mbit" not in trainers["vars"]
+    out = capsys.readouterr().out
+    assert "laptop-c 10.89.0.13 (running, 0.3 CPU)" in out and "warning" not in out
+    assert "laptop-c quota 0.3 (1 thread(s)), a busy loop got 0.30 CPU" in out
+
+
+def test_up_changes_a_running_labs_quotas_live_and_says_a_restart_undoes_it(lab, limits_lab, capsys):
+    fake = limits_lab(*lab.node_names(3))
+    assert lab.main(["up", "--cpus", "0.5"]) == 0
+    assert fake.runs == [] and fake.updates == [("laptop-a", "0.5"), ("laptop-b", "0.5"), ("laptop-c", "0.5")]
+    out = capsys.readouterr().out
+    assert "laptop-a: CPU quota none -> 0.5 (live: a restart of the container" in out
+    assert "brings back the quota it was made with, none; `make lab-down lab-up" in out
+    assert {h["lab_cpus"] for h in _hosts(lab)["hosts"].values()} == {0.5}
+    assert lab.main(["up"]) == 0  # no LAB_CPUS: the quotas stay as they are
+    assert len(fake.updates) == 3 and {h["lab_cpus"] for h in _hosts(lab)["hosts"].values()} == {0.5}
+    assert lab.main(["up", "--cpus", "0.5"]) == 0 and len(fake.updates) == 3  # nothing to change
+    assert lab.main(["up", "--cpus", "off"]) == 0  # podman cannot remove a quota: all of the host's CPUs
+    assert fake.updates[3:] == [(n, "2") for n in lab.node_names(3)]
+
+
+def test_up_warns_when_the_shares_add_up_to_more_than_the_machine(lab, limits_lab, capsys):
+    limits_lab()
+    assert lab.main(["up", "--cpus", "1,1,0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: the laptops' CPU shares add up to 2.5 CPUs, more than this machine's 2" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [(["--cpus", "0.6,0.6"], "LAB_CPUS has 2 shares for a lab of 3 laptops"),
+     (["--cpus", "0.6,0.6,0.3", "--nodes", "5"], "LAB_CPUS has 3 shares for a lab of 5 laptops"),
+     (["--cpus", "3"], "LAB_CPUS=3: '3' is not a CPU share"),
+     (["--link-mbit", "fast"], "LAB_LINK_MBIT=fast: give the link rate")],
+)
+def test_up_refuses_bad_limits_in_one_line_before_changing_anything(lab, limits_lab, capsys, argv, error):
+    fake = limits_lab(*lab.node_names(3))
+    assert lab.main(["up", *argv]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"lab: error: {error}") and err.count("\n") == 1, err
+    assert fake.runs == [] and fake.updates == [] and not lab.INVENTORY_FILE.exists()
+
+
+def test_up_shapes_every_link_and_measures_each_node_sending_to_the_next(lab, limits_lab, capsys):
+    fake = limits_lab(*lab.node_names(3))
+    assert lab.main(["up", "--link-mbit", "1000"]) == 0
+    for c in fake.containers.values():
+        assert "tbf rate 1000mbit" in c["files"]["/etc/systemd/system/ddp-lab-link.service"]
+    assert _hosts(lab)["vars"]["lab_link_mbit"] == 1000
+    assert fake.measured["link"] == [("laptop-a", "laptop-b", "10.89.0.12", "eth0"),
+                                     ("laptop-b", "laptop-c", "10.89.0.13", "eth0"),
+                                     ("laptop-c", "laptop-a", "10.89.0.11", "eth0")]
+    assert fake.measured["cpu"] == []  # no quotas: no CPU check
+    out = capsys.readouterr().out
+    assert "laptop-a: eth0 shaped to 1000 Mbit/s (ddp-lab-link.service)" in out
+    assert "link: laptop-a -> laptop-b: 64.0 MB in 0.55 s = 931 Mbit/s of payload" in out
+    assert "(running, link 1000 Mbit/s)" in out
+    assert lab.main(["up", "--link-mbit", "off"]) == 0
+    assert all(not c["files"] for c in fake.containers.values())
+    assert "lab_link_mbit" not in _hosts(lab)["vars"]
+
+
+def test_the_limits_command_gives_molecule_nodes_their_quotas(lab, limits_lab, capsys):
+    fake = limits_lab()
+    for i, name in enumerate(("m-laptop-a", "m-laptop-b")):
+        fake.containers[name] = fake._new(f"10.89.211.{11 + i}", None)
+    assert lab.main(["limits", "--cpus", "0.6,0.3", "--link-mbit", "1000", "m-laptop-a", "m-laptop-b"]) == 0
+    assert fake.updates == [("m-laptop-a", "0.6"), ("m-laptop-b", "0.3")]
+    assert "m-laptop-b, 0.3 CPU, link 1000 Mbit/s" in capsys.readouterr().out
+    assert lab.main(["limits", "--cpus", "0.6,0.3,0.3", "m-laptop-a", "m-laptop-b"]) == 1

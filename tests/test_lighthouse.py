@@ -125,7 +125,8 @@ def test_port_held_by_another_program(tmp_path, service, name, setting):
         with pytest.raises(supervisor.ServiceError) as err:
             service.start("127.0.0.1", port, tmp_path, wait_s=5)
     assert err.value.code == 2
-    assert f"held by another program: free it or choose another {setting}" in str(err.value)
+    assert f", not a ddp-lab {name}: free it" in str(err.value), err.value
+    assert f"or choose another {setting}" in str(err.value)
     assert not (tmp_path / f"{name}-{port}.json").exists()
 
 

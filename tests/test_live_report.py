@@ -9,7 +9,8 @@ from pathlib import Path
 
 from ddplab.controller import report, summary
 from ddplab.controller.report import data
-from ddplab.controller.rundir import load_run, run_outcome
+from ddplab.controller.rundir import load_run
+from ddplab.runstate import run_outcome
 
 T0 = 1_790_000_000.0
 LOG_EVERY = 10
@@ -68,6 +69,25 @@ def test_live_page_reloads_and_says_so_the_final_page_does_not(tmp_path):
     final = (run / "report.html").read_text()
     assert "http-equiv" not in final and "live, step" not in final and 'class="live"' not in final
     assert 'src="plots/loss.png"' in final
+
+
+def test_the_page_the_watch_leaves_at_the_end_no_longer_reloads_and_names_collect(tmp_path):
+    """Issue 27 item 18: site.yml --tags train watched a run to 600/600 and left report.html saying
+    "live, step 600 of 600 ... reloads every 10 s while the job runs", reloading forever. The watch's
+    last build (--ended) says the job ended and how to collect it, and does not reload."""
+    run = make_run(tmp_path, last_step=350, max_steps=350, end=True)
+    (run / ".watch").mkdir()
+    for host in ("n0", "n1"):
+        (run / host).rename(run / ".watch" / host)
+    assert report.main([str(run), "--metrics", str(run / ".watch"), "--ended"]) == 0
+    page = (run / "report.html").read_text()
+    text = text_of(page)
+    assert "http-equiv" not in page and "reloads every" not in text, text
+    assert re.search(r"the job ended: step 350 of 350, last record \d\d:\d\d:\d\d; not collected yet: "
+                     r"ansible-playbook playbooks/collect.yml -e collect_run_id=run-live writes the final "
+                     r"report", text), text
+    assert re.findall(r'class="badge ([a-z]+)">([^<]*)', page) == [("ok", "finished")]
+    assert report.main([str(run), "--metrics", str(run / ".watch"), "--ended", "--live", "5"]) == 2
 
 
 def test_live_interval_below_one_second_is_bad_input(tmp_path, capsys):

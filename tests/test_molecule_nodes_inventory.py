@@ -1,7 +1,6 @@
 """Inventory plugin ddp_lab_nodes (molecule/resources/inventory_plugins): the molecule lab nodes'
 ansible_host and lab_container as literal values, for any number of nodes."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,10 +17,9 @@ PLUGIN_CONFIG = REPO / "molecule" / "resources" / "inventory" / "ddp_lab_nodes.y
 
 @pytest.fixture(scope="module")
 def plugin():
-    spec = importlib.util.spec_from_file_location("ddp_lab_nodes", PLUGINS / "ddp_lab_nodes.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    import ddp_lab_nodes
+
+    return ddp_lab_nodes
 
 
 def test_five_nodes_get_the_labs_fixed_addresses(plugin):
@@ -94,3 +92,26 @@ def test_ansible_inventory_fails_on_a_wrong_prefix(tmp_path):
     proc = _inventory(tmp_path, ["mol-laptop-a"], DDP_LAB_MOLECULE_NAME="h4")
     assert proc.returncode != 0
     assert "mol-laptop-a is not a molecule lab node (h4-laptop-a, h4-laptop-b, ..." in proc.stderr
+
+
+def test_the_cpu_quotas_and_link_of_the_environment_become_host_variables(tmp_path):
+    """DDP_LAB_MOLECULE_CPUS / _LINK_MBIT (what the prepare step gives the nodes): lab_cpus and
+    ddp_job_threads null per node in address order, lab_link_mbit; none without them."""
+    hosts = ["mol-laptop-c", "mol-laptop-a", "mol-laptop-b"]
+    proc = _inventory(tmp_path, hosts, DDP_LAB_MOLECULE_CPUS="0.6,0.6,0.3", DDP_LAB_MOLECULE_LINK_MBIT="1000")
+    assert proc.returncode == 0, proc.stderr
+    hostvars = json.loads(proc.stdout)["_meta"]["hostvars"]
+    got = {h: (v["lab_cpus"], v["ddp_job_threads"], v["lab_link_mbit"]) for h, v in hostvars.items()}
+    assert got == {"mol-laptop-a": (0.6, None, 1000), "mol-laptop-b": (0.6, None, 1000),
+                   "mol-laptop-c": (0.3, None, 1000)}
+    (tmp_path / "inventory").rename(tmp_path / "first")
+    proc = _inventory(tmp_path, hosts)
+    hostvars = json.loads(proc.stdout)["_meta"]["hostvars"]
+    assert not {"lab_cpus", "ddp_job_threads", "lab_link_mbit"} & set(hostvars["mol-laptop-a"])
+
+
+def test_a_malformed_quota_in_the_environment_is_one_line(plugin):
+    with pytest.raises(ValueError, match=r"^DDP_LAB_MOLECULE_CPUS / _LINK_MBIT: LAB_CPUS has 2 shares for"):
+        plugin.node_vars(["mol-laptop-a", "mol-laptop-b", "mol-laptop-c"], "mol", "10.89.211", "0.6,0.3")
+    with pytest.raises(ValueError, match=r"LAB_CPUS=0.6,x: 'x' is not a CPU share"):
+        plugin.node_vars(["mol-laptop-a"], "mol", "10.89.211", "0.6,x")

@@ -9,10 +9,8 @@ import re
 import time
 
 import pytest
-from test_status_table import ROOT, _load
-from test_status_table import filters as ddp_job
-
-collect = _load("collect_role_filters", "roles/collect/filter_plugins/collect.py")
+from ansible_collections.ddp_lab.cluster.plugins.filter import collect, ddp_job
+from test_status_table import ROOT
 
 # a Jinja expression that is more than a variable passed through filters: inline if/else (also split
 # over lines), dict()/zip()/map('extract') building, list building (literal lists joined with +,

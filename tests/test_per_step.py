@@ -228,9 +228,10 @@ def test_the_group_quorum_id_is_read_from_the_file_this_agent_wrote_only(tmp_pat
     2026-12-01: before this, the file and the checkpoint's id were read by any launch)."""
     from ddplab.config import build_config
     from ddplab.distributed import DistEnv
-    from ddplab.train import GROUP_QUORUM_FILE, Trainer, agent_identity
+    from ddplab.engines.per_step import GROUP_QUORUM_FILE, agent_identity
+    from ddplab.train import Trainer
 
-    trainer = Trainer(build_config({**PER_STEP, "out_dir": str(tmp_path)}), DistEnv.from_environ())
+    trainer = Trainer(build_config({**PER_STEP, "out_dir": str(tmp_path)}), DistEnv.from_environ()).engine
     assert trainer.read_group_quorum_id() is None
     kept = tmp_path / GROUP_QUORUM_FILE
     kept.write_text(json.dumps({"quorum_id": 8, "step": 120, "agent": agent_identity()}) + "\n")
@@ -289,8 +290,9 @@ def test_checkpoints_carry_no_quorum_id_and_old_ones_still_load(tmp_path):
     from ddplab.train import Trainer
 
     trainer = Trainer(build_config({**PER_STEP, "out_dir": str(tmp_path)}), DistEnv.from_environ())
-    trainer.replica = SimpleNamespace(state=lambda: {"step": 3, "batches_committed": 0}, group_quorum_id=7)
-    extra = trainer.replica_state()
+    trainer.engine.replica = SimpleNamespace(state=lambda: {"step": 3, "batches_committed": 0},
+                                             group_quorum_id=7)
+    extra = trainer.engine.state_dict()
     assert set(extra) == {"rng", "ft_manager"} and extra["ft_manager"]["step"] == 3
     import torch
 
@@ -309,11 +311,12 @@ def test_a_new_agent_of_the_same_launch_reads_the_kept_group_quorum_id(tmp_path)
     new lighthouse) does not read it."""
     from ddplab.config import build_config
     from ddplab.distributed import DistEnv
-    from ddplab.train import GROUP_QUORUM_FILE, Trainer
+    from ddplab.engines.per_step import GROUP_QUORUM_FILE
+    from ddplab.train import Trainer
 
     def trainer(launch):
         cfg = build_config({**PER_STEP, "out_dir": str(tmp_path), "ft_launch_id": launch})
-        return Trainer(cfg, DistEnv.from_environ())
+        return Trainer(cfg, DistEnv.from_environ()).engine
 
     kept = tmp_path / GROUP_QUORUM_FILE
     kept.write_text(json.dumps({"quorum_id": 8, "step": 120, "agent": "4242:1764570000.000",

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 import test_per_step_e2e as e2e
+from labharness import free_port
 from test_per_step_e2e import Replica, assert_samples_distinct, wait_until, worker_pid
 
 lighthouse = e2e.lighthouse  # the fixture: a lighthouse process on a free port
@@ -269,24 +270,30 @@ def test_a_node_rejoined_after_the_group_finished_does_not_train_alone(tmp_path,
 
 
 def test_a_worker_started_while_the_lighthouse_is_out_of_reach_waits_for_it_in_one_life(
-        tmp_path, data_path, lighthouse):
+        tmp_path, data_path):
     # a replica started (a rejoin, a restart) while a partition keeps the lighthouse out of
     # reach. Before, torchft's Manager gave up connecting (RuntimeError 'failed to connect ...
     # within timeout'), which ended the worker, and each torchrun restart waited one connect
     # timeout again (the newcomer's partition: 60 s each); now torchft's own connect keeps trying
-    # (connect_timeout ft_quorum_timeout_s + ft_rejoin_wait_s) in the same life
-    lighthouse.proc.send_signal(signal.SIGSTOP)
-    rep = Replica(tmp_path, "node0", lighthouse, data_path, max_steps=30, eval_interval=10,
-                  ft_quorum_timeout_s=2, ft_rejoin_wait_s=60)
+    # (connect_timeout ft_quorum_timeout_s + ft_rejoin_wait_s) in the same life. Out of reach:
+    # nothing listens on the lighthouse's (reserved) port until it is started (a frozen
+    # lighthouse that listens would accept the connect)
+    port = free_port()
+    rep = Replica(tmp_path, "node0", f"http://127.0.0.1:{port}", data_path, max_steps=30,
+                  eval_interval=10, ft_quorum_timeout_s=2, ft_rejoin_wait_s=60)
     rep.start()
     wait_until("the connect is slow", lambda: "keeps trying to connect" in rep.output(tail=0), [rep], 60)
-    thawed = time.time()
-    lighthouse.proc.send_signal(signal.SIGCONT)
-    code = rep.wait(120)
+    up = time.time()
+    lighthouse = e2e.start_lighthouse(tmp_path / "lighthouse.log", port=port)
+    try:
+        code = rep.wait(120)
+    finally:
+        lighthouse.proc.kill()
+        lighthouse.proc.wait()
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    first = rep.committed(thawed)[0]["time"] - thawed if rep.committed(thawed) else None
+    first = rep.committed(up)[0]["time"] - up if rep.committed(up) else None
     print(f"\nper_step worker started with the lighthouse out of reach: first step {first:.2f} s "
-          f"after the thaw, no restart (load {load})")
+          f"after the lighthouse started, no restart (load {load})")
 
     assert code == 0, rep.output()
     assert [r["step"] for r in rep.committed()] == list(range(1, 31))

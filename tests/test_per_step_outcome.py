@@ -17,7 +17,8 @@ from pathlib import Path
 
 from ddplab.controller import summary as summary_mod
 from ddplab.controller.report.data import run_status
-from ddplab.controller.rundir import cut_off_nodes, launch_since, load_run, run_outcome
+from ddplab.controller.rundir import cut_off_nodes, load_run
+from ddplab.runstate import launch_since, run_outcome
 
 FIXTURE = Path(__file__).parent / "fixtures" / "per_step_cut_off_9e9b"
 
@@ -83,17 +84,9 @@ def test_a_node_back_in_the_group_after_a_cut_off_is_not_named(tmp_path):
 def test_status_reads_the_cut_off_laptop_of_a_finished_run_as_cut_off_not_failed():
     """status.yml agreed with nothing: laptop-c 'failed' and exit 2 ('not every laptop is well')
     for a run the others finished (the lab run of d73aa7e, 20261201-111059-197a, too)."""
-    import importlib.util
-    import sys
-
+    from ansible_collections.ddp_lab.cluster.plugins.action import ddp_job_status_table as table
     from ddplab import status as st
 
-    root = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location(
-        "ddp_job_status_table_ft", root / "roles/ddp_job/action_plugins/ddp_job_status_table.py")
-    table = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = table
-    spec.loader.exec_module(table)
     units = {"ended": {"LoadState": "loaded", "ActiveState": "active", "SubState": "exited",
                        "Result": "success", "ExecMainStatus": "0", "MainPID": "0"},
              "failed": {"LoadState": "loaded", "ActiveState": "failed", "SubState": "failed",
@@ -105,13 +98,13 @@ def test_status_reads_the_cut_off_laptop_of_a_finished_run_as_cut_off_not_failed
                 "unit": units[unit]}
 
     nodes = {h: node(h, "failed" if h == "laptop-c" else "ended", run.per_host[h]) for h in run.per_host}
-    rows = table.mark_cut_off([table.row_of(h, r) for h, r in nodes.items()], nodes)
+    rows = table.rows_of(nodes)
     assert [r["agent"] for r in rows] == ["ended", "ended", "cut off"]
     assert rows[2]["last failure"].startswith("cut_off: CutOffError: replica laptop-c was cut off")
     assert table.bad_nodes(rows) == []
     # no laptop finished: the cut-off one stays failed (status.yml fails)
     alone = {"laptop-c": nodes["laptop-c"]}
-    rows = table.mark_cut_off([table.row_of(h, r) for h, r in alone.items()], alone)
+    rows = table.rows_of(alone)
     assert table.bad_nodes(rows) == ["laptop-c: failed"]
 
 

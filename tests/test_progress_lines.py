@@ -8,13 +8,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from labharness import load_plugin
+from ansible_collections.ddp_lab.cluster.plugins.action import ddp_lab_await as await_plugin
+from ansible_collections.ddp_lab.cluster.plugins.filter import python_env as filters
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-filters = load_plugin("python_env_filters", "roles/python_env/filter_plugins/python_env.py")
-await_plugin = load_plugin("ddp_lab_await", "roles/ddp_lab/action_plugins/ddp_lab_await.py")
 
 
 def test_dist_info_globs_of_pinned_requirements():
@@ -101,7 +100,7 @@ def test_install_runs_async_with_the_waiting_task_after_it():
     names = [t["name"] for t in tasks]
     i = next(k for k, n in enumerate(names) if n.startswith("Install torch"))
     assert tasks[i]["poll"] == 0 and "async" in tasks[i]
-    assert "ddp_lab_await" in tasks[i + 1]
+    assert "ddp_lab.cluster.ddp_lab_await" in tasks[i + 1]
     copy = yaml.safe_load((ROOT / "roles/python_env/tasks/copy.yml").read_text())
     wheels = next(t for t in copy if t["name"].startswith("Copy the wheels"))
     assert "python_env_copy_plan" in wheels["loop"] and wheels["loop_control"]["label"] == "{{ item.label }}"
@@ -113,7 +112,7 @@ def test_long_steps_of_ship_and_collect_say_what_and_how_much():
     ship = yaml.safe_load((ROOT / "roles/ddp_job/tasks/ship.yml").read_text())
     names = [t["name"] for t in ship]
     i = names.index("Install the node runtime into the venv")
-    assert ship[i]["poll"] == 0 and "ddp_lab_await" in ship[i + 1]
+    assert ship[i]["poll"] == 0 and "ddp_lab.cluster.ddp_lab_await" in ship[i + 1]
     assert any(n.startswith("Ship the dataset") and "stat.size" in n for n in names)
     node = yaml.safe_load((ROOT / "roles/collect/tasks/node.yml").read_text())
     names = [t["name"] for t in node]

@@ -3,18 +3,14 @@ in the background and collected later (status.yml), their answers and their fail
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
 import pytest
 from ansible.errors import AnsibleActionFail
+from ansible_collections.ddp_lab.cluster.plugins.action import rendezvous_status as rs
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location(
-    "rendezvous_status", ROOT / "roles/rendezvous/action_plugins/rendezvous_status.py")
-rs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(rs)
 
 
 def fake_python(tmp_path: Path, body: str) -> str:

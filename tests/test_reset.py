@@ -4,7 +4,6 @@ tree, a fake systemctl); the snapshot comparison molecule/reset uses (molecule/r
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -15,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -29,14 +29,6 @@ exit 0
 """
 
 
-def _spec():
-    spec = importlib.util.spec_from_file_location("snapshot", ROOT / "molecule/resources/snapshot.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-snapshot = _spec()
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -169,7 +161,7 @@ def test_check_lists_the_running_store_and_lighthouse_and_stops_neither(tmp_path
     procs = []
     try:
         for name, port in (("store", 29498), ("lighthouse", 29497)):
-            proc = subprocess.Popen(["sleep", "120"])
+            proc = subprocess.Popen(["sleep", "infinity"])  # ended below: a play may outlast any sleep
             procs.append(proc)
             (rdzv / f"{name}-{port}.json").write_text(json.dumps({
                 "host": "127.0.0.1", "port": port, "supervisor_pid": proc.pid,
@@ -299,17 +291,17 @@ def test_check_during_a_job_names_the_run_it_would_stop(tmp_path):
 
 
 def test_stopped_jobs_follow_ddp_jobs_rule_of_whose_agent_ran():
-    """reset names the runs of the hosts ddp_job's agent_ran_hosts names (the rule stopped.yml
+    """reset names the runs of the hosts module_utils.hostvars.agent_ran_hosts names (the rule stopped.yml
     records the stop with): a "True" from a template counts, a host without the fact or unknown
     to hostvars does not."""
-    import runpy
+    from ansible_collections.ddp_lab.cluster.plugins.filter import reset
+    from ansible_collections.ddp_lab.cluster.plugins.module_utils.hostvars import agent_ran_hosts
 
-    reset = runpy.run_path(str(ROOT / "roles/reset/filter_plugins/reset.py"))
     hostvars = {"a": {"__ddp_job_agent_runs": "True", "ddp_job_status": {"progress": {"run_id": "r1"}}},
                 "b": {"__ddp_job_agent_runs": True, "ddp_lab_run_id": "r1"},
                 "c": {"__ddp_job_agent_runs": False}, "d": {}}
     hosts = ["a", "b", "c", "d", "gone"]
-    assert reset["DDP_JOB"]["agent_ran_hosts"](hosts, hostvars) == ["a", "b"]
-    assert reset["reset_stopped_jobs"](hosts, hostvars, True) == [
+    assert agent_ran_hosts(hosts, hostvars) == ["a", "b"]
+    assert reset.reset_stopped_jobs(hosts, hostvars, True) == [
         "would stop run r1 on a, b (--check: nothing was stopped)"]
-    assert reset["reset_stopped_jobs"](["c", "d"], hostvars) == []
+    assert reset.reset_stopped_jobs(["c", "d"], hostvars) == []

@@ -21,19 +21,17 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
+from ansible_collections.ddp_lab.cluster.plugins.filter import validate as validate_filters
+from ddplab import config
 from labharness import (
     REPO,
     ansible_env,
     errors,
     free_port,
-    load_plugin,
     local_controller,
     recap,
     run_playbooks,
 )
-
-sys.path.insert(0, str(REPO / "train"))
-from ddplab import config  # noqa: E402
 
 RUN = "20261201-070000-abcd"
 LIGHTHOUSE = "http://192.0.2.10:29510"
@@ -57,7 +55,7 @@ RECORDED = {
 
 
 def _filters():
-    return load_plugin("validate_filters_resume", "roles/validate/filter_plugins/validate.py")
+    return validate_filters
 
 
 # --------------------------------------------------------------------------- the merge
@@ -81,6 +79,7 @@ def test_resume_takes_the_runs_settings():
         "n_head": 2,
         "n_embd": 32,
         "block_size": 32,
+        "vocab_size": None,  # the dataset's characters (a run without the padded vocabulary)
     }
     assert set(s) == set(config.RESUME_FIELDS)
     assert "run_id" not in s and "threads" not in s and "ft_replica_id" not in s
@@ -383,7 +382,7 @@ def test_an_unknown_run_is_refused_before_the_store_starts(cluster):
         (
             "ddp_job_fault_tolerance=bogus",
             "-e ddp_job_fault_tolerance='bogus': value of ddp_job_fault_tolerance must be"
-            " one of: torchelastic, per_step, got: bogus; fix: give",
+            " one of: torchelastic, per_step, diloco, got: bogus; fix: give",
         ),
         (
             "ddp_job_ft_manager_port=abc",

@@ -3,26 +3,17 @@
 from __future__ import annotations
 
 import base64
-import importlib.util
 from pathlib import Path
 
 import pytest
+from ansible_collections.ddp_lab.cluster.plugins.filter import python_env as py
+from ansible_collections.ddp_lab.cluster.plugins.filter import validate as val
+from ansible_collections.ddp_lab.cluster.plugins.filter import wifi_powersave as wifi
+from ansible_collections.ddp_lab.cluster.plugins.filter import wired_network as net
 
 ROLES = Path(__file__).resolve().parents[1] / "roles"
 
 
-def _load(role: str):
-    path = ROLES / role / "filter_plugins" / f"{role}.py"
-    spec = importlib.util.spec_from_file_location(f"{role}_filters", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-py = _load("python_env")
-net = _load("wired_network")
-wifi = _load("wifi_powersave")
-val = _load("validate")
 
 
 def test_manylinux_platforms_debian12():

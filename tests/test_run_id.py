@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import base64
-import importlib.util
 import re
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 import yaml
+from ansible_collections.ddp_lab.cluster.plugins.module_utils import run_ids as f
 from labharness import REPO, ansible_env, errors, local_controller, recap, run_playbooks
-
-PATH = Path(__file__).resolve().parents[1] / "roles" / "ddp_lab" / "filter_plugins" / "ddp_lab.py"
-_spec = importlib.util.spec_from_file_location("ddp_lab_filters", PATH)
-f = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(f)
 
 
 def slurp(text: str) -> dict:
@@ -66,8 +60,10 @@ def test_bad_ids_and_sources_are_one_line_errors():
 
 
 def test_filter_names():
-    assert set(f.FilterModule().filters()) == {
-        "ddp_lab_run_id", "ddp_lab_new_run_id", "ddp_lab_run_id_problems"}
+    from ansible_collections.ddp_lab.cluster.plugins.filter import ddp_lab
+
+    assert set(ddp_lab.FilterModule().filters()) == {
+        "ddp_lab_run_id", "ddp_lab_new_run_id", "ddp_lab_run_id_problems", "ddp_lab_interface_fact_name"}
 
 
 @pytest.mark.parametrize("bad", ["../etc", "..", ".", ".rdzv", ".live", "a/b", "a b", "x" * 65])

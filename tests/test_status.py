@@ -1,4 +1,4 @@
-"""ddplab.status: the node-side state of the job (the line and JSON ddp_job_watch polls)."""
+"""ddplab.status: the node-side state of the job (the line and JSON the node_status action polls)."""
 
 import json
 import time

@@ -1,6 +1,6 @@
 """A powered-off laptop reads unreachable within ddp_job_state_probe_timeout_s (newcomer, 2026-12-01:
 status.yml with a powered-off lab node took 11.9 s, ssh's 10 s timeout on the node's stale ARP entry;
-measured 12.1-12.7 s before and 5.0-5.2 s after on the lab, docs/running.md). The ddp_job_watch
+measured 12.1-12.7 s before and 5.0-5.2 s after on the lab, docs/running.md). The node_status
 plugin (once) probes the SSH port that `ssh -G` resolves before it runs ssh; a proxied connection is
 not probed."""
 
@@ -8,11 +8,12 @@ import json
 import socket
 
 import pytest
-from test_status_table import PLAYBOOK, _case, _load, _play
+from ansible_collections.ddp_lab.cluster.plugins.action import node_status
+from test_status_table import PLAYBOOK, _case, _play
 
 
 def _watch():
-    return _load("ddp_job_watch_probe", "roles/ddp_job/action_plugins/ddp_job_watch.py")
+    return node_status
 
 
 class FakeConnection:

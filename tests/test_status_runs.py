@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from ddplab import runstate
 from ddplab import status as st
 from test_status_table import FAKE_JOURNALCTL, PLAYBOOK, RUN_ID, UNITS, _case, _play, filters, recs, table
 
@@ -293,7 +294,7 @@ def test_status_says_where_it_read_the_store_and_the_store_the_run_was_launched_
 @pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
 def test_a_refusal_is_one_line_without_ansibles_origin_block(tmp_path):
     """newcomer: status.yml's refusals carried Ansible's 'Origin:' block (the task file and five
-    lines of its YAML) under the message (callback_plugins/ddp_lab.py, ansible.cfg)."""
+    lines of its YAML) under the message (callback ddp_lab.cluster.ddp_lab, ansible.cfg)."""
     inv, env = _one_running(tmp_path)
     out = _play(inv, env, "status.yml", "run_id=nonsense")
     text = out.stdout + out.stderr
@@ -318,7 +319,7 @@ def test_collect_and_the_table_ask_run_state_of_whether_the_run_runs():
     hosts = ["a", "b", "c", "d", "e", "f"]
     assert filters.running_hosts(hosts, hostvars) == ["a"]
     assert filters.running_hosts(hosts, hostvars) == [
-        h for h in hosts if filters.run_state_of(hostvars.get(h, {}).get("ddp_job_status"), h) == "running"]
+        h for h in hosts if runstate.node_state(hostvars.get(h, {}).get("ddp_job_status"), h) == "running"]
     assert filters.FilterModule().filters()["ddp_job_running_hosts"] is filters.running_hosts
     collect = (Path(__file__).parents[1] / "roles/collect/tasks/main.yml").read_text()
     assert "ddp_job_running_hosts(hostvars)" in collect and "selectattr('1.state'" not in collect

@@ -5,7 +5,6 @@ one's agent unit) with one unreachable laptop."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -15,6 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
+from ansible_collections.ddp_lab.cluster.plugins.action import ddp_job_status_table as table
+from ansible_collections.ddp_lab.cluster.plugins.filter import ddp_job as filters
 from ddplab import status as st
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,15 +23,6 @@ BIN = Path(sys.executable).parent
 PLAYBOOK = shutil.which("ansible-playbook", path=str(BIN)) or shutil.which("ansible-playbook")
 
 
-def _load(name: str, path: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-table = _load("ddp_job_status_table", "roles/ddp_job/action_plugins/ddp_job_status_table.py")
-filters = _load("ddp_job_filters", "roles/ddp_job/filter_plugins/ddp_job.py")
 
 NOW = time.time()
 
@@ -67,7 +59,7 @@ UNITS = {
 
 
 def watch_result(host: str, unit: dict, records: list[dict]) -> dict:
-    """What ddp_job_watch (once: true) returns for a node: the ddplab.status document's fields."""
+    """What node_status (mode once) returns for a node: the ddplab.status document's fields."""
     state = st.job_state(unit, records)
     p = st.node_progress(records)
     return {"state": state, "progress": p, "unit": unit, "line": st.format_progress(host, p, state),
@@ -467,6 +459,29 @@ def test_attach_follows_the_job_then_collects_and_reports(tmp_path):
     # written once, by collect from what it brought home (not again by playbooks/report.yml)
     assert text.count("TASK [collect : Write the report from the collected run]") == 1, text
     assert "TASK [Write the report]" not in text, text
+
+
+@pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
+def test_a_watch_that_saw_the_job_end_leaves_a_page_that_says_so(tmp_path):
+    """Issue 27 item 18: a watch to the end without collect (here attach.yml --skip-tags collect, as
+    site.yml --tags train) left the live page reloading, "live, step 300 of 300 ... while the job
+    runs", for ever: the watch's last build says the job ended and names the collect command."""
+    inv, env = _case(tmp_path, {"laptop-x": "ended", "laptop-y": "ended"}, unreachable=False, journalctl=True)
+    out = _play(inv, {**env, "ANSIBLE_SKIP_TAGS": "collect"}, "attach.yml", "ddp_job_watch_interval_s=1")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    page = (tmp_path / "runs" / RUN_ID / "report.html").read_text()
+    assert "http-equiv" not in page and "reloads every" not in page, page
+    assert f"not collected yet: ansible-playbook playbooks/collect.yml -e collect_run_id={RUN_ID}" in page
+
+
+def test_the_collect_hint_only_when_this_run_does_not_collect():
+    hint = filters.collect_hint
+    assert hint("R", ["all"], []) == "" and hint("R", ["train", "collect"], []) == ""
+    for run_tags, skip_tags in ((["train"], []), (["all"], ["collect"])):
+        assert hint("R", run_tags, skip_tags) == (
+            "run R ended and is not collected by this play (--tags/--skip-tags); collect it (summary.json, "
+            "the final report): ansible-playbook playbooks/collect.yml -e collect_run_id=R")
 
 
 RUN_ID = "20261130-190000-abcd"

@@ -76,6 +76,21 @@ def kill_rank_when(
     raise AssertionError(f"rank 0 never reached step {at_step} (torchrun exit {proc.poll()})")
 
 
+def run_with_a_kill(cmd: list[str], env: dict[str, str], out_dir: Path, rank: int, at_step: int) -> str:
+    """Run torchrun ``cmd``, SIGKILL its worker ``rank`` once rank 0 logged ``at_step`` (the
+    group restarts: ``--max-restarts``), and return the output once it ended with exit 0."""
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        kill_rank_when(proc, out_dir, rank=rank, at_step=at_step)
+        output, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc)
+    assert proc.returncode == 0, output[-3000:]
+    return output
+
+
 def test_killed_worker_costs_no_step_and_resume_is_exact(tmp_path, data_path):
     args = {"max_steps": 120, "warmup_steps": 10, "eval_interval": 1000, "ckpt_interval": 1000,
             "sample_chars": 0}
@@ -84,16 +99,8 @@ def test_killed_worker_costs_no_step_and_resume_is_exact(tmp_path, data_path):
     done = run_torchrun(3, tiny_args(ref, data_path, **args))
     assert done.returncode == 0, done.stderr[-3000:]
 
-    proc = subprocess.Popen(torchrun_cmd(3, tiny_args(killed, data_path, **args), max_restarts=1),
-                            env=subprocess_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        kill_rank_when(proc, killed, rank=2, at_step=30)
-        output, _ = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            kill_tree(proc)
-    assert proc.returncode == 0, output[-3000:]
+    run_with_a_kill(torchrun_cmd(3, tiny_args(killed, data_path, **args), max_restarts=1), subprocess_env(),
+                    killed, rank=2, at_step=30)
 
     records = read_metrics(killed, local_rank=0)
     starts = by_event(records, "start")

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import REPO, TRAIN_DIR, read_metrics, snapshot, subprocess_env, tiny_args, wait_for_steps
+from ddplab import outputs
 from ddplab import train as train_mod
 from ddplab.checkpoint import CheckpointStore, serialize
 from ddplab.model import GPT
@@ -321,6 +322,6 @@ def test_result_json_is_fsynced_with_its_folder(tmp_path, monkeypatch):
         return real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
-    train_mod._atomic_write_text(tmp_path / "result.json", "{}\n")
+    outputs.atomic_write_text(tmp_path / "result.json", "{}\n")
     assert str(tmp_path) in synced  # the folder, after the rename
     assert (tmp_path / "result.json").read_text() == "{}\n"

@@ -4,17 +4,13 @@ both read it, so they cannot disagree on a command line."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from ansible_collections.ddp_lab.cluster.plugins.filter import validate as val
 from ddplab import status, units
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location(
-    "validate_filters_units", ROOT / "roles" / "validate" / "filter_plugins" / "validate.py")
-val = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(val)
 
 AGENT = ("{ path=/opt/ddp-lab/venv/bin/python ; argv[]=/opt/ddp-lab/venv/bin/python -m ddplab.agent"
          " --nnodes 1:3 --rdzv-backend c10d %s --rdzv-id r1 --local-addr 10.89.0.5 -m ddplab.train"

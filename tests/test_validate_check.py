@@ -1,21 +1,18 @@
-"""The validate role's checks in Python (roles/validate/action_plugins/validate_check.py): one record
+"""The validate role's checks in Python (action plugin ddp_lab.cluster.validate_check): one record
 each, and the one-line messages the bad-input matrices assert."""
 
 from __future__ import annotations
 
 import base64
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 import yaml
+from ansible_collections.ddp_lab.cluster.plugins.action import validate_check as vc
 
 ROLES = Path(__file__).resolve().parents[1] / "roles"
-PATH = ROLES / "validate" / "action_plugins" / "validate_check.py"
-_spec = importlib.util.spec_from_file_location("validate_check_plugin", PATH)
-vc = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(vc)
+ROLE = ROLES / "validate"
 
 KEYS = ["join_timeout", "last_call_timeout", "close_timeout", "keep_alive_interval", "keep_alive_max_attempt"]
 
@@ -50,25 +47,31 @@ def test_nnodes_ok():
     assert vc.nnodes("t-a", 1, 3, 3) == ok
 
 
+PINS = {"torch": "2.13.0", "numpy": "2.4.6"}
+
+
 def test_versions_odd_one_pin_and_missing_venv():
-    v13 = {"python": "3.11.2", "torch": "2.13.0+cpu"}
-    v12 = {"python": "3.11.2", "torch": "2.12.0+cpu"}
-    everyone = {"a": v13, "b": v13, "c": v12}
-    odd = vc.versions("c", everyone, "2.13.0", "/opt/v", provision=False)
+    v13 = {"python": "3.11.2", "packages": {"torch": "2.13.0+cpu", "numpy": "2.4.6", "pip": "24.0"}}
+    v12 = {"python": "3.11.2", "packages": {"torch": "2.12.0+cpu", "numpy": "2.4.6", "pip": "25.0"}}
+    everyone = {h: vc.venv_versions(v) for h, v in {"a": v13, "b": v13, "c": v12}.items()}
+    odd = vc.versions("c", everyone, PINS, "/opt/v", provision=False)
     assert odd["status"] == "fail"
     assert odd["detail"] == (
-        "c: Python 3.11.2 / torch 2.12.0+cpu here, but Python 3.11.2 / torch 2.13.0+cpu on a, b: mismatched "
-        "versions hang silently in the first collective; fix: re-run the provisioning"
-        " (ansible-playbook site.yml --tags provision) so that every node has the same torch")
-    assert vc.versions("c", everyone, "2.13.0", "/opt/v", provision=True)["status"] == "warn"
-    assert vc.versions("a", everyone, "2.13.0", "/opt/v", provision=False) == {
-        "check": "versions", "status": "ok", "detail": ("Python 3.11.2, torch 2.13.0+cpu"
-            " (same on every trainer)")}
-    pinned = vc.versions("a", {"a": v13, "b": v13}, "2.12.0", "/opt/v", provision=False)
-    assert pinned["status"] == "warn" and "python_env_torch_version is 2.12.0" in pinned["detail"]
-    missing = vc.versions("a", {"a": None, "b": v13}, "2.13.0", "/opt/v", provision=False)
+        "c: torch 2.12.0+cpu here, 2.13.0+cpu on a, b (/opt/v): mismatched versions hang silently in the"
+        " first collective; fix: re-run the provisioning (ansible-playbook site.yml --tags provision"
+        " --limit c) so that every node has the pinned packages")
+    assert vc.versions("c", everyone, PINS, "/opt/v", provision=True)["status"] == "warn"
+    assert vc.versions("a", everyone, PINS, "/opt/v", provision=False) == {
+        "check": "versions", "status": "ok", "detail": ("Python 3.11.2, torch 2.13.0+cpu, numpy 2.4.6"
+            " (same on every trainer, as pinned)")}
+    pinned = vc.versions("a", everyone, {**PINS, "torch": "2.12.0"}, "/opt/v", provision=False)
+    assert pinned["status"] == "fail" and pinned["detail"].startswith(
+        "a: torch 2.13.0+cpu (pinned 2.12.0) in /opt/v; fix: provision"), pinned
+    flat = vc.venv_versions({"python": "3.11.2", "torch": "2.13.0", "numpy": "2.4.6"})  # python_env_versions
+    assert vc.versions("a", {"a": flat}, PINS, "/opt/v", provision=False)["status"] == "ok"
+    missing = vc.versions("a", {"a": None, "b": everyone["b"]}, PINS, "/opt/v", provision=False)
     assert missing["status"] == "fail" and missing["detail"].startswith("a: no training venv (/opt/v); fix:")
-    assert vc.versions("a", {"a": None}, "2.13.0", "/opt/v", provision=True)["status"] == "skip"
+    assert vc.versions("a", {"a": None}, PINS, "/opt/v", provision=True)["status"] == "skip"
 
 
 DF = "Filesystem 1-blocks Used Available Capacity Mounted on\n/dev/vda2 1000 10 536870912 1% /var\n"
@@ -438,7 +441,7 @@ def test_the_plugin_runs_every_check_by_name_and_reads_peers_from_hostvars():
 
 def test_validate_tasks_build_no_record_in_jinja():
     """Every check record comes from the plugin: no ``{% %}`` block in roles/validate/tasks."""
-    tasks = PATH.parents[1] / "tasks"
+    tasks = ROLE / "tasks"
     blocks = {p.name: p.read_text().count("{%") for p in sorted(tasks.glob("*.yml"))}
     assert not any(blocks.values()), blocks
 
@@ -451,7 +454,7 @@ def test_shared_engine_settings_have_one_home():
     reads them with a fall-back of its own."""
     import yaml
 
-    roles = PATH.parents[2]
+    roles = ROLES
     for name in SHARED:
         homes = [p.parent.parent.name for p in roles.glob("*/defaults/main.yml")
                  if name in (yaml.safe_load(p.read_text()) or {})]
@@ -466,12 +469,28 @@ def test_engine_per_step_is_one_ddplab_train_worker_per_laptop():
     assert vc.engine("t-a", "torchelastic", ["-m", "mine"], 4) == {
         "check": "engine", "status": "ok", "detail": "ddp_job_fault_tolerance torchelastic"}
     assert vc.engine("t-a", "per_step", [], 1)["status"] == "ok"
-    for argv, nproc in ((["-m", "mine"], 1), ([], 2)):
-        bad = vc.engine("t-a", "per_step", argv, nproc)
-        assert bad["status"] == "fail" and bad["detail"] == (
-            f"t-a: ddp_job_fault_tolerance=per_step (worker argv {argv}, nproc_per_node {nproc});"
-            " fix: torchelastic or per_step; per_step trains ddplab.train with one worker per laptop"
-            " (one torchft replica group each): leave ddp_job_worker_argv empty and ddp_job_nproc_per_node 1")
+    assert vc.engine("t-a", "diloco", [], 1)["status"] == "ok"
+    for engine in ("per_step", "diloco"):
+        for argv, nproc in ((["-m", "mine"], 1), ([], 2)):
+            bad = vc.engine("t-a", engine, argv, nproc)
+            assert bad["status"] == "fail" and bad["detail"] == (
+                f"t-a: ddp_job_fault_tolerance={engine} (worker argv {argv}, nproc_per_node {nproc});"
+                " fix: torchelastic, or per_step or diloco with one ddplab.train worker per laptop (one"
+                " torchft replica group each): leave ddp_job_worker_argv empty and ddp_job_nproc_per_node 1")
+    assert vc.engine("t-a", "bogus", [], 1)["status"] == "fail"
+
+
+def test_engine_per_step_takes_no_gradient_compression():
+    """ddp_job_grad_compression is a DDP hook of torchelastic: with per_step it is one line before
+    anything starts (none, or torchelastic with any compression, passes)."""
+    for compression in ("none", "fp16", "bf16", "powersgd"):
+        assert vc.engine("t-a", "torchelastic", [], 1, compression)["status"] == "ok"
+    assert vc.engine("t-a", "per_step", [], 1, "none")["status"] == "ok"
+    bad = vc.engine("t-a", "per_step", [], 1, "bf16")
+    assert bad["status"] == "fail" and bad["detail"] == (
+        "t-a: ddp_job_grad_compression=bf16 with ddp_job_fault_tolerance=per_step: the compressions are"
+        " hooks of the torchelastic engine's DDP all-reduce, per_step averages fp32 gradients itself;"
+        " fix: ddp_job_grad_compression none, or ddp_job_fault_tolerance torchelastic")
 
 
 # `ip -o addr show dev h3xa` in a namespace: a first address off the route, the routed one
@@ -510,7 +529,7 @@ def test_gloo_row_warns_for_a_launch_that_bound_the_interface_and_passes_the_rou
 def test_types_names_the_variable_its_role_and_type():
     import yaml
 
-    specs = {"ddp_job": yaml.safe_load((PATH.parents[2] / "ddp_job/meta/argument_specs.yml").read_text())}
+    specs = {"ddp_job": yaml.safe_load((ROLES / "ddp_job/meta/argument_specs.yml").read_text())}
     error = ("argument 'ddp_job_nnodes_min' is of type str and we were unable to convert to int:"
              " \"'two'\" cannot be converted to an int")
     (rec,) = vc.types("laptop-a", [error], specs, 1)
@@ -566,6 +585,24 @@ def test_given_leaves_a_joint_check_to_each_host_when_the_inventory_sets_one_of_
     # a resume's configuration is the run's merged with these: tasks/resume.yml judges it
     assert _given({"t-a": {}}, {"ddp_job_train_overrides": {"per_rank_batch_size": 0},
                                 "ddp_job_resume_run_id": "r1"}) == []
+
+
+def test_given_gradient_compression_settings_each_one_line():
+    """-e ddp_job_grad_compression outside its choices, a PowerSGD start step below 2 (the role's own
+    range rules), and a compression with per_step: one line each, before any role starts."""
+    rules = yaml.safe_load((ROLES / "validate" / "vars" / "main.yml").read_text())["__validate_ranges"]
+
+    def lines(extra):
+        return [r["detail"] for r in vc.given(SPECS, {"t-a": {}}, extra, rules, KEYS, [], 3, DEFAULTS)
+                if r["status"] == "fail"]
+    (choice,) = lines({"ddp_job_grad_compression": "int8"})
+    assert choice.startswith("-e ddp_job_grad_compression='int8': ")
+    assert "none, fp16, bf16, powersgd" in choice
+    (start,) = lines({"ddp_job_grad_compression": "powersgd", "ddp_job_powersgd_start_step": 1})
+    assert start.startswith("-e: ddp_job_powersgd_start_step = 1 must be >= 2 (PowerSGD's error feedback")
+    (engine,) = lines({"ddp_job_fault_tolerance": "per_step", "ddp_job_grad_compression": "powersgd"})
+    assert engine.startswith("-e: ddp_job_grad_compression=powersgd with ddp_job_fault_tolerance=per_step")
+    assert lines({"ddp_job_grad_compression": "bf16"}) == []
 
 
 def test_given_good_settings_are_one_ok_record():
@@ -634,8 +671,9 @@ def test_ranges_skip_the_settings_whose_type_failed(no_base_run):
 
 def test_validate_main_tasks_spell_no_skip_rule():
     """The settings checks of tasks/main.yml carry no ``skip:`` of their own: the plugin decides."""
-    tasks = yaml.safe_load((PATH.parents[1] / "tasks" / "main.yml").read_text())
-    checks = [c for t in tasks if "validate_check" in t for c in t["validate_check"]["checks"]]
+    tasks = yaml.safe_load((ROLE / "tasks" / "main.yml").read_text())
+    action = "ddp_lab.cluster.validate_check"
+    checks = [c for t in tasks if action in t for c in t[action]["checks"]]
     assert {c["check"] for c in checks} >= set(vc.SETTINGS), checks
     assert [c["check"] for c in checks if "skip" in c or "skip" in (c.get("args") or {})] == []
 
@@ -644,7 +682,7 @@ def test_the_roles_files_the_checks_read_are_loaded_in_one_place():
     """tasks/main.yml and tasks/given.yml each loaded other roles' defaults with a list of their own,
     and given.yml read ddp_job's --rdzv-conf keys as vars/main.yml does (issue 14 review): one list
     (vars/main.yml __validate_role_files), one loader (tasks/defaults.yml), one rdzv key lookup."""
-    tasks = PATH.parents[1] / "tasks"
+    tasks = ROLE / "tasks"
     loads = {p.name: [t for t in yaml.safe_load(p.read_text()) or [] if "ansible.builtin.include_vars" in t]
              for p in sorted(tasks.glob("*.yml"))}
     assert {n: len(t) for n, t in loads.items() if t} == {"defaults.yml": 1, "given.yml": 1}, loads
@@ -653,8 +691,8 @@ def test_the_roles_files_the_checks_read_are_loaded_in_one_place():
     lookups = [p.name for p in tasks.glob("*.yml") if "/vars/main.yml" in p.read_text().replace(
         "/validate/vars/main.yml", "")]
     assert lookups == [], lookups
-    files = yaml.safe_load((PATH.parents[1] / "vars" / "main.yml").read_text())["__validate_role_files"]
+    files = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["__validate_role_files"]
     for role, kind in files:
-        assert (PATH.parents[2] / role / kind / "main.yml").is_file(), (role, kind)
+        assert (ROLES / role / kind / "main.yml").is_file(), (role, kind)
     for name in ("main.yml", "given.yml", "controller.yml"):
         assert "import_tasks: defaults.yml" in (tasks / name).read_text(), name

@@ -1,5 +1,5 @@
 """The watch's live report: ``ddplab.status --chunks-from`` (the metrics lines since the last poll),
-the controller's copies the ``ddp_job_watch`` action plugin keeps of them, and the background build
+the controller's copies the ``node_status`` action plugin (mode watch) keeps of them, and the background build
 of the live page, one at a time across the trainers' watches (a file lock)."""
 
 from __future__ import annotations
@@ -10,15 +10,14 @@ import sys
 import time
 from pathlib import Path
 
+from ansible_collections.ddp_lab.cluster.plugins.action import node_status as watch
 from ddplab import status as st
 from ddplab.records import read_new_lines
-from labharness import load_plugin
 
 ROOT = Path(__file__).resolve().parent.parent
 T0 = 1_790_000_000.0
 
 
-watch = load_plugin("ddp_job_watch", "roles/ddp_job/action_plugins/ddp_job_watch.py")
 
 
 def line(event, t, **kw):
@@ -116,8 +115,10 @@ def test_a_failing_build_is_reported_not_raised(tmp_path):
         raise AssertionError("no OSError")
     except OSError:
         assert not live.lock.is_locked  # a build that did not start holds no lock
-    live.python = sys.executable
-    live.pythonpath = str(tmp_path / "empty")  # ddplab is not importable: the build exits 1
+    failing = tmp_path / "failing-python"  # an interpreter whose report build exits 1
+    failing.write_text("#!/bin/sh\necho 'no module named ddplab' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    live.python = str(failing)
     assert live.maybe_build() is True
     live.close()
     assert live.error and "exit 1" in live.error and "report.log" in live.error
@@ -134,7 +135,7 @@ def test_a_node_without_chunks_from_is_watched_without_the_live_page(tmp_path, m
     monkeypatch.setattr(watch.time, "sleep", lambda s: None)
     plugin = watch.ActionModule.__new__(watch.ActionModule)
 
-    def poll(args, task_vars, live=None):
+    def poll(args, live=None):
         calls.append(live is not None)
         if live is not None:
             raise AnsibleError("progress command failed: status: error: unrecognized arguments: "
@@ -143,7 +144,7 @@ def test_a_node_without_chunks_from_is_watched_without_the_live_page(tmp_path, m
 
     plugin._poll = poll
     args = {"out_dir": "/x", "python": "p", "unit": "u", "label": "n0", "interval_s": 1.0,
-            "timeout_s": 60.0, "max_errors": 2, "once": False, "report_dir": str(tmp_path / "run"),
+            "timeout_s": 60.0, "max_errors": 2, "mode": "watch", "report_dir": str(tmp_path / "run"),
             "report_python": sys.executable, "report_pythonpath": ""}
     monkeypatch.setattr(watch.ActionBase, "run", lambda self, tmp=None, task_vars=None: {})
     monkeypatch.setattr(plugin, "validate_argument_spec", lambda argument_spec: (None, args), raising=False)

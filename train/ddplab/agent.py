@@ -57,11 +57,20 @@ failure up to ``--max-restarts`` and has no such rule.
 
 Exit status: torchrun's (0 when the workers finished; 1 with torchrun's error report otherwise);
 2 for a bad barrier setting (nothing started).
+
+Torch internals this module replaces or relies on, each checked by one test of
+tests/test_agent_torch_patches.py (the checklist of a torch upgrade): ``dynamic_rendezvous.
+get_method_name`` (:func:`cheap_event_names`), ``LocalElasticAgent._monitor_workers`` and
+``_remaining_restarts`` (:func:`stop_restarts_on_final_exits`), ``DynamicRendezvousHandler``'s
+``_state_holder``/``_this_node`` and the rendezvous handler interface
+(:class:`MembershipWatchedHandler`), torchrun's parsed arguments and ``config_from_args``
+(:func:`fork_launch`).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -260,6 +269,7 @@ def stop_restarts_on_final_exits() -> None:
     if getattr(monitor, "ddplab_final_exits", False):
         return
 
+    @functools.wraps(monitor)
     def _monitor_workers(self: Any, worker_group: Any) -> Any:
         result = monitor(self, worker_group)
         why = final_exit(result)

@@ -17,16 +17,21 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from ddplab.engines import ENGINES, LIGHTHOUSE_ENGINES
+
 CANONICAL_DATA_URL = (
     "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 )
 CANONICAL_DATA_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 
 BATCH_POLICIES = ("keep_per_rank", "keep_global")
-#: Recovery engines: ``torchelastic`` restarts every worker on a membership change (elastic
-#: torchrun); ``per_step`` keeps the survivors running and re-forms the quorum before each step
-#: (torchft: one replica group per node, a lighthouse on the controller; ddplab.ft).
-FAULT_TOLERANCE_ENGINES = ("torchelastic", "per_step")
+#: Gradient compression of the torchelastic engine's all-reduce (ddplab.compression): ``none``
+#: (fp32), ``fp16``/``bf16`` (the bucket cast to 16 bits: half the bytes), ``powersgd`` (low-rank,
+#: Vogels et al. 2019, error feedback on).
+GRAD_COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
+#: How a step's global batch is dealt to its group: equal shares, or by measured speed
+#: (ddplab.balance.MODES; standard library here).
+BATCH_BALANCES = ("off", "speed")
 
 #: Model/batch presets. ``small`` is the default CPU configuration; ``medium`` is the larger one
 #: (the size of the classic character-level Shakespeare GPT, practical on a fast multi-core node);
@@ -44,10 +49,17 @@ PRESETS: dict[str, dict[str, Any]] = {
         "n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256, "dropout": 0.2,
         "per_rank_batch_size": 16,
     },
+    # GPT-2 small (Radford et al. 2019), the seed's 124M-parameter model: its vocabulary of 50257
+    # tokens is kept by padding the character vocabulary (vocab_size), so that the gradients are
+    # the seed's 496 MB. For measuring the exchange (a few steps); loss comparisons use the others.
+    "gpt2": {
+        "n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024, "dropout": 0.0,
+        "vocab_size": 50257, "per_rank_batch_size": 1, "base_lr": 6e-4, "reference_batch_size": 3,
+    },
 }
 
 #: Fields that fix the shape of the model: a checkpoint can only be resumed with the same values.
-MODEL_SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size")
+MODEL_SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
 
 
 class ConfigError(ValueError):
@@ -75,12 +87,18 @@ class TrainConfig:
     n_embd: int = 128
     block_size: int = 64
     dropout: float = 0.0
+    # rows of the embedding and output head: null = the dataset's characters; a larger number pads
+    # them (the extra tokens never occur in the data), e.g. GPT-2's 50257 (preset gpt2)
+    vocab_size: int | None = None
     # batch and learning rate
     per_rank_batch_size: int = 12
     global_batch_size: int | None = None
     batch_policy: str = "keep_per_rank"
+    # off: every rank gets an equal share of the global batch; speed: shares follow each rank's
+    # measured throughput (ddplab.balance; per_rank_batch_size caps a micro-batch)
+    batch_balance: str = "off"
     # Tuned for the small preset at 3 ranks x 12 (global batch 36 = reference): validation loss
-    # below 2.0 in the fewest steps (measured 2026-11: 350 steps -> 1.97; see docs/training.md).
+    # below 2.0 in the fewest steps (benchmarks/lr_sweep.py, docs/training.md "Default schedule").
     base_lr: float = 1e-2
     reference_batch_size: int = 36
     warmup_steps: int = 30
@@ -109,7 +127,11 @@ class TrainConfig:
     threads: int | None = None
     # checkpoints were found but none is usable: start over (True) or stop with an error (False)
     allow_fresh_start: bool = False
-    # recovery engine (FAULT_TOLERANCE_ENGINES); the ft_* keys apply to per_step only
+    # recovery engine, a name of the registry ddplab.engines.ENGINES: torchelastic restarts every
+    # worker on a membership change; per_step (torchft) keeps the survivors running and re-forms
+    # the quorum before each step; diloco (torchft DiLoCo) lets each replica train alone for
+    # sync_every inner steps, then averages their progress with an outer optimizer. The ft_* keys
+    # apply to per_step and diloco (LIGHTHOUSE_ENGINES)
     fault_tolerance: str = "torchelastic"
     ft_lighthouse: str | None = None  # "http://ADDR:PORT" of the torchft lighthouse
     ft_replica_id: str | None = None  # this replica group's name (null: the host name)
@@ -127,8 +149,20 @@ class TrainConfig:
     # peer of the group waits this long for one to heal from, then stops (it never trains alone)
     ft_rejoin_wait_s: float = 60.0
     # this launch of the run (the role writes a new one at each launch and resume; a rejoin keeps
-    # the run.json, so its new agent reads the group quorum id its node kept: ddplab.train)
+    # the run.json, so its new agent reads the group quorum id its node kept: ddplab.engines.per_step)
     ft_launch_id: str | None = None
+    # torchelastic: gradient compression of DDP's all-reduce (GRAD_COMPRESSIONS; ddplab.compression);
+    # powersgd: the rank of its low-rank approximation, and the steps of plain fp32 all-reduce before
+    # it starts compressing (torch's start_powerSGD_iter; >= 2 with error feedback)
+    grad_compression: str = "none"
+    powersgd_rank: int = 4
+    powersgd_start_step: int = 10
+    # diloco (Douillard et al. 2023): inner steps (the inner optimizer, AdamW, alone on each
+    # replica) between two syncs, and the outer optimizer (SGD with Nesterov momentum) that applies
+    # the replicas' averaged progress at each sync; the paper's outer lr 0.7 and momentum 0.9
+    sync_every: int = 50
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
 
     def validate(self) -> TrainConfig:
         """Check every field; return ``self``.
@@ -160,7 +194,7 @@ class TrainConfig:
         if self.threads is not None and (
             isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads <= 0
         ):
-            raise bad("threads", "must be a positive integer or null (= physical cores)")
+            raise bad("threads", "must be a positive integer or null (= one per CPU of the node's share)")
         if self.lr_ramp_steps is not None and (
             isinstance(self.lr_ramp_steps, bool) or not isinstance(self.lr_ramp_steps, int)
             or self.lr_ramp_steps < 0
@@ -186,6 +220,11 @@ class TrainConfig:
             raise bad("n_embd", f"must be divisible by n_head = {self.n_head}")
         if self.batch_policy not in BATCH_POLICIES:
             raise bad("batch_policy", f"must be one of {', '.join(BATCH_POLICIES)}")
+        if self.batch_balance not in BATCH_BALANCES:
+            raise bad("batch_balance", f"must be one of {', '.join(BATCH_BALANCES)}")
+        if self.batch_balance == "speed" and self.fault_tolerance == "diloco":
+            raise bad("batch_balance", "speed needs a group that meets every step (torchelastic, "
+                      "per_step); diloco's inner steps run alone: use off")
         if self.preset not in PRESETS:
             raise bad("preset", f"must be one of {', '.join(PRESETS)}")
         if self.warmup_steps >= self.max_steps:
@@ -200,12 +239,31 @@ class TrainConfig:
         if "/" in self.run_id or self.run_id in (".", ".."):
             raise bad("run_id", "must not contain '/' (it names folders)")
         self._validate_fault_tolerance(bad)
+        self._validate_compression(bad)
         return self
+
+    def _validate_compression(self, bad: Any) -> None:
+        """``vocab_size`` and the gradient compression keys (checked whatever the compression)."""
+        if self.vocab_size is not None and (
+            isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int) or self.vocab_size < 1
+        ):
+            raise bad("vocab_size", "must be a positive integer or null (= the dataset's characters)")
+        if self.grad_compression not in GRAD_COMPRESSIONS:
+            raise bad("grad_compression", f"must be one of {', '.join(GRAD_COMPRESSIONS)}")
+        for key, low in (("powersgd_rank", 1), ("powersgd_start_step", 2)):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise bad(key, f"must be an integer >= {low}" + (
+                    " (PowerSGD's error feedback needs two plain all-reduces first)" if low == 2 else ""))
+        if self.grad_compression != "none" and self.fault_tolerance != "torchelastic":
+            raise bad("grad_compression", f"compresses the gradients of the torchelastic engine's DDP "
+                      f"all-reduce; fault_tolerance {self.fault_tolerance} averages them itself: set "
+                      "grad_compression none (playbook: ddp_job_grad_compression)")
 
     def _validate_fault_tolerance(self, bad: Any) -> None:
         """The engine and its ``ft_*`` keys (checked whatever the engine, required for per_step)."""
-        if self.fault_tolerance not in FAULT_TOLERANCE_ENGINES:
-            raise bad("fault_tolerance", f"must be one of {', '.join(FAULT_TOLERANCE_ENGINES)}")
+        if self.fault_tolerance not in ENGINES:
+            raise bad("fault_tolerance", f"must be one of {', '.join(ENGINES)}")
         port = self.ft_manager_port
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
             raise bad("ft_manager_port", "must be a TCP port (1-65535)")
@@ -231,10 +289,27 @@ class TrainConfig:
                       "per launch), or null")
         if self.ft_lighthouse is not None and lighthouse_error(self.ft_lighthouse):
             raise bad("ft_lighthouse", lighthouse_error(self.ft_lighthouse))
-        if self.fault_tolerance == "per_step" and self.ft_lighthouse is None:
-            raise bad("ft_lighthouse", "fault_tolerance per_step needs the lighthouse address "
-                      "'http://ADDR:PORT' (playbook: the rendezvous host and "
+        if self.fault_tolerance in LIGHTHOUSE_ENGINES and self.ft_lighthouse is None:
+            raise bad("ft_lighthouse", f"fault_tolerance {self.fault_tolerance} needs the lighthouse "
+                      "address 'http://ADDR:PORT' (playbook: the rendezvous host and "
                       "rendezvous_lighthouse_port)")
+        self._validate_diloco(bad)
+
+    def _validate_diloco(self, bad: Any) -> None:
+        """``sync_every`` and the outer optimizer's keys (checked whatever the engine); under diloco
+        the evaluations fall on syncs (they evaluate the replicas' common model)."""
+        if isinstance(self.sync_every, bool) or not isinstance(self.sync_every, int) or self.sync_every < 1:
+            raise bad("sync_every", "must be a positive integer (inner steps between two syncs)")
+        if not _is_real(self.outer_lr) or self.outer_lr <= 0:
+            raise bad("outer_lr", "must be a number > 0")
+        if not _is_real(self.outer_momentum) or not 0 <= self.outer_momentum < 1:
+            raise bad("outer_momentum", "must be a number in [0, 1)")
+        if self.fault_tolerance == "diloco" and self.eval_interval % self.sync_every:
+            raise bad("eval_interval", f"must be a multiple of sync_every = {self.sync_every} under "
+                      "fault_tolerance diloco (an evaluation reads the replicas' common model, which "
+                      "they hold right after a sync); fix: eval_interval "
+                      f"{max(self.sync_every, self.eval_interval // self.sync_every * self.sync_every)}"
+                      " or another sync_every")
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration as a JSON-ready dict."""
@@ -252,16 +327,19 @@ class TrainConfig:
 #: What a resume takes from the run it resumes (its run.json, resolved by :func:`build_config`)
 #: unless given again: every field that shapes training. The first group cannot change within a run
 #: (the engine, the model's shape, the seed that orders the data and initialises the weights, the
-#: dataset that gives the vocabulary: a checkpoint of another value is refused, :class:`ddplab.train`);
+#: dataset that gives the vocabulary: a checkpoint of another value is refused, :class:`ddplab.train`;
+#: diloco's sync_every, to which its rounds are aligned);
 #: a given value that differs is a conflict. The others may change (e.g. a larger max_steps): the
 #: given value is used and reported. Per-node and per-launch keys (paths, run id, threads, ft_* of
 #: the launch, allow_fresh_start) are the launch's own.
-RESUME_FIXED = ("fault_tolerance", "preset", *MODEL_SHAPE_FIELDS, "seed", "data_sha256")
+RESUME_FIXED = ("fault_tolerance", "preset", *MODEL_SHAPE_FIELDS, "seed", "data_sha256", "sync_every")
 RESUME_CHANGEABLE = (
-    "max_steps", "dropout", "per_rank_batch_size", "global_batch_size", "batch_policy", "base_lr",
+    "max_steps", "dropout", "per_rank_batch_size", "global_batch_size", "batch_policy",
+    "batch_balance", "base_lr",
     "reference_batch_size", "warmup_steps", "lr_ramp_steps", "min_lr_ratio", "weight_decay", "beta1",
     "beta2", "grad_clip", "divergence_margin", "eval_interval", "eval_iters", "ckpt_interval",
-    "keep_checkpoints", "log_interval", "sample_chars",
+    "keep_checkpoints", "log_interval", "sample_chars", "grad_compression", "powersgd_rank",
+    "powersgd_start_step", "outer_lr", "outer_momentum",
 )
 RESUME_FIELDS = RESUME_FIXED + RESUME_CHANGEABLE
 
@@ -379,6 +457,8 @@ FIELD_TYPES, OPTIONAL_FIELDS = _field_types()
 def _coerce(key: str, value: Any) -> Any:
     """Convert a JSON/CLI value to the field's type; ``None``/"null"/"none" clears optional fields."""
     want = FIELD_TYPES[key]
+    if key == "batch_balance" and value is False:
+        return "off"  # YAML reads an unquoted off as false (Ansible's choices accept it as off)
     if isinstance(value, str) and value.lower() in ("null", "none") and key in OPTIONAL_FIELDS:
         return None
     if value is None:

@@ -22,6 +22,7 @@ import tempfile
 import urllib.error
 import urllib.request
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,7 @@ import numpy as np
 import torch
 from filelock import FileLock
 
+from ddplab.lr import equal_shares
 from ddplab.outputs import OutputError, check_writable_dir, fsync_dir
 
 TRAIN_FRACTION = 0.9
@@ -304,16 +306,24 @@ def rank_sample_indices(
     return np.arange(first, first + micro_batch, dtype=np.int64)
 
 
+def share_sample_indices(samples_seen: int, rank: int, shares: Sequence[int]) -> np.ndarray:
+    """Global sample indices (``shares[rank]``,) int64 of position ``rank``: the contiguous block
+    ``rank`` of ``[samples_seen, samples_seen + sum(shares))``."""
+    first = samples_seen + sum(shares[:rank])
+    return np.arange(first, first + shares[rank], dtype=np.int64)
+
+
 def participant_sample_indices(
     samples_seen: int, rank: int, participants: int, global_batch: int
 ) -> np.ndarray:
     """Global sample indices of participant ``rank`` of ``participants`` at one per_step step.
 
     The step consumes ``[samples_seen, samples_seen + global_batch)``, cut into ``participants``
-    contiguous blocks in rank order; the first ``global_batch % participants`` blocks hold one
-    sample more. Committed steps advance ``samples_seen`` by ``global_batch``, so over any
-    sequence of quorums every index is taken by exactly one participant of exactly one committed
-    step (an uncommitted step is retried from the same ``samples_seen``).
+    contiguous blocks in rank order of :func:`ddplab.lr.equal_shares` sizes (the first
+    ``global_batch % participants`` blocks hold one sample more). Committed steps advance
+    ``samples_seen`` by ``global_batch``, so over any sequence of quorums every index is taken by
+    exactly one participant of exactly one committed step (an uncommitted step is retried from
+    the same ``samples_seen``).
 
     Returns an int64 array of ``global_batch // participants`` (+1) indices, possibly empty.
 
@@ -324,9 +334,7 @@ def participant_sample_indices(
         raise ValueError(f"rank {rank} is not a participant rank of {participants}")
     if samples_seen < 0 or global_batch < 0:
         raise ValueError("samples_seen and global_batch must be >= 0")
-    base, extra = divmod(global_batch, participants)
-    first = samples_seen + rank * base + min(rank, extra)
-    return np.arange(first, first + base + (rank < extra), dtype=np.int64)
+    return share_sample_indices(samples_seen, rank, equal_shares(global_batch, participants))
 
 
 def batch_from_starts(

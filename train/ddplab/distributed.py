@@ -151,8 +151,9 @@ def destroy_process_group() -> None:
         dist.destroy_process_group()
 
 
-def wait(work: dist.Work) -> None:
-    """Wait for an async collective while staying responsive to signals.
+def wait(work: dist.Work | torch.futures.Future) -> None:
+    """Wait for an async collective (a ``Work``, or a future such as a comm hook's chain of
+    collectives) while staying responsive to signals.
 
     ``Work.wait()`` blocks inside C++, where Python signal handlers cannot run: a worker stuck
     on a frozen peer would ignore the agent's SIGTERM until the process-group timeout, and the
@@ -162,8 +163,9 @@ def wait(work: dist.Work) -> None:
     Raises:
         RuntimeError (DistBackendError): the collective failed or timed out (``pg_timeout_s``).
     """
+    done = work.is_completed if isinstance(work, dist.Work) else work.done
     delay = 5e-5
-    while not work.is_completed():
+    while not done():
         time.sleep(delay)
         delay = min(delay * 2, 1e-3)
     work.wait()
@@ -177,6 +179,14 @@ def all_reduce_scalar(value: float, op: str = "sum") -> float:
     ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
     wait(dist.all_reduce(tensor, op=ops[op], async_op=True))
     return float(tensor.item())
+
+
+def sum_over_world(tensor: torch.Tensor) -> bool:
+    """Sum ``tensor`` in place over all ranks (identity when alone); True (a failure raises, as
+    :func:`wait` does). The ``sum`` of the world group (ddplab.engines.base.Group)."""
+    if dist.is_initialized():
+        wait(dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True))
+    return True
 
 
 def broadcast_bytes(data: bytes | None, src: int) -> bytes:
@@ -252,11 +262,19 @@ class TimedAllReduce:
     @staticmethod
     def hook(state: "TimedAllReduce", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         t0 = time.perf_counter()
-        buf = bucket.buffer()
-        wait(dist.all_reduce(buf, group=state.group, async_op=True))
-        buf.div_(state.world_size)
+        fut = all_reduce_mean(state, bucket)
         state.seconds += time.perf_counter() - t0
         state.calls += 1
-        fut = torch.futures.Future()
-        fut.set_result(buf)
         return fut
+
+
+def all_reduce_mean(state: TimedAllReduce, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The untimed body of :meth:`TimedAllReduce.hook`: all-reduce (sum) the bucket's buffer over
+    ``state.group`` (waiting with :func:`wait`), divide it by ``state.world_size`` in place and
+    return a completed future holding it. Raises what the collective raises."""
+    buf = bucket.buffer()
+    wait(dist.all_reduce(buf, group=state.group, async_op=True))
+    buf.div_(state.world_size)
+    fut = torch.futures.Future()
+    fut.set_result(buf)
+    return fut

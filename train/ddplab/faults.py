@@ -108,8 +108,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ddplab.engines import replica_groups
 from ddplab.metrics import UNCOMMITTED_EVENT
 from ddplab.records import Record, as_int, num
+from ddplab.runstate import LAUNCH_KINDS, STOP_KIND
 
 WorkerKey = tuple[str, int]  # (host, local_rank)
 
@@ -118,12 +120,6 @@ MODES = ("kill-worker", "kill-agent", "poweroff", "freeze", "partition", "thrott
 GONE_MODES = ("kill-agent", "poweroff")
 #: faults that take their target out of the group (until a rejoin, the end of the duration)
 LEAVING_MODES = (*GONE_MODES, "freeze", "partition")
-#: events.jsonl kinds after which a run's records belong to a new launch (site.yml / resume.yml),
-#: with what each did for a reader (the report's no-training band labels)
-LAUNCH_WORDS = {"launch": "launched", "resume": "resumed"}
-LAUNCH_KINDS = tuple(LAUNCH_WORDS)
-#: events.jsonl kind that stop.yml writes when it stops a running agent: no recovery after it counts.
-STOP_KIND = "stop"
 #: records that name a completed step in their ``step`` field (:func:`step_at`)
 STEP_EVENTS = ("step", "val", "checkpoint", "failure", "end")
 
@@ -277,8 +273,10 @@ def _steps(records: Iterable[Record]) -> list[Record]:
 
 
 def is_per_step(records: Iterable[Record]) -> bool:
-    """True when the records come from the ``per_step`` engine (a record says ``engine: per_step``)."""
-    return any(r.get("engine") == "per_step" for r in records)
+    """True when the records come from a replica-group engine: ``per_step``, or ``diloco`` whose
+    replica groups meet at its syncs (a record names one: ddplab.engines.replica_groups). Their
+    faults are measured alike: no group restart, participants per committed step."""
+    return any(replica_groups(r.get("engine")) for r in records)
 
 
 def step_at(records: Iterable[Record], t: float) -> int | None:

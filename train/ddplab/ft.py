@@ -115,8 +115,12 @@ class BoundProcessGroupGloo(ProcessGroupGloo):
     def __init__(self, addr: str, timeout: timedelta) -> None:
         super().__init__(timeout=timeout)
         self.addr = addr
+        # this replica's rank among every replica of the configured quorum (healing ones too) and
+        # their number (the diloco engine deals its next round's samples over them)
+        self.quorum_rank, self.quorum_size = 0, 1
 
     def _create_pg(self, store: Any, rank: int, world_size: int) -> Any:
+        self.quorum_rank, self.quorum_size = rank, world_size
         base = torch.distributed.ProcessGroup
         backend = bound_gloo(store, rank, world_size, self._timeout, self.addr)
         backend._set_sequence_number_for_group()

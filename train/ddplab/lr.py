@@ -90,6 +90,20 @@ def plan_batch(
     )
 
 
+def equal_shares(total: int, members: int) -> list[int]:
+    """``total`` samples dealt to ``members`` positions in rank order, the remainder one each to
+    the first ``total % members``: ``[total // members + (r < total % members) for r in ...]``.
+    The layout of an unbalanced step (every engine) and the baseline balancing is measured against.
+
+    Raises:
+        ValueError: ``members`` < 1 or ``total`` < 0.
+    """
+    if members < 1 or total < 0:
+        raise ValueError(f"cannot deal {total} samples to {members} members")
+    base, extra = divmod(total, members)
+    return [base + (r < extra) for r in range(members)]
+
+
 def participants_global_batch(
     batch_policy: str, participants: int, per_rank_batch_size: int, global_batch_size: int | None
 ) -> int:
@@ -97,7 +111,7 @@ def participants_global_batch(
 
     ``keep_per_rank``: ``participants * per_rank_batch_size`` (the LR then follows it, Goyal et
     al. 2017); ``keep_global``: ``global_batch_size`` whatever the participants (it need not be
-    divisible: ddplab.data.participant_sample_indices deals the remainder).
+    divisible: :func:`equal_shares` deals the remainder).
 
     Raises:
         ValueError: a non-positive size or an unknown policy.

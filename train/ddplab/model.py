@@ -155,9 +155,12 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(
         self, idx: torch.Tensor, new_tokens: int, temperature: float = 0.8, top_k: int | None = None,
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | None = None, vocab_limit: int | None = None,
     ) -> torch.Tensor:
         """Append ``new_tokens`` sampled tokens to ``idx`` (B, T0) -> (B, T0 + new_tokens).
+
+        ``vocab_limit``: only token ids below it are sampled (a vocabulary padded beyond the
+        dataset's tokens, ``TrainConfig.vocab_size``, never yields a padding id); None: all.
 
         Raises:
             ValueError: ``temperature`` <= 0.
@@ -169,7 +172,7 @@ class GPT(nn.Module):
         for _ in range(new_tokens):
             context = idx[:, -self.cfg.block_size:]
             logits, _ = self(context)
-            logits = logits[:, -1, :] / temperature
+            logits = logits[:, -1, :vocab_limit] / temperature
             if top_k is not None:
                 kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
                 logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -3,6 +3,8 @@
 ``--check`` asks without changing anything (``os.access`` on the folder or, when it does not
 exist yet, on the nearest existing parent); a run creates the folders and writes and removes a
 probe file in each, which also catches a read-only mount or an immutable folder for root.
+Small result files (result.json, sample.txt, a kept quorum id) are written whole or not at all
+(:func:`atomic_write_text`).
 """
 
 from __future__ import annotations
@@ -77,3 +79,23 @@ def _read_only_mount(path: Path) -> bool:
         return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
     except OSError:
         return False
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Temp file, fsync, rename, fsync the folder (the rename itself survives a power cut).
+
+    Raises:
+        OutputError: the file cannot be written (the temp file is removed).
+    """
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OutputError(f"cannot write {path} ({exc.strerror or exc}): fix the folder or "
+                          "set another out_dir") from None

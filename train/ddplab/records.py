@@ -64,9 +64,9 @@ def group_finished(records: Iterable[Record], since: float = float("-inf")) -> b
     replica that reached it finished the run for its group) at or after ``since``; a record
     without a time counts. Records of earlier launches of a resumed run do not.
 
-    The one home of "did the group finish": ddplab.controller.rundir.run_outcome (the collected
-    run, ``since`` its launch), ddplab.status (a node's ``finished``, job_state without systemd,
-    past_run_state: ``since`` the node's newest start) and, through the nodes' ``finished``, the
+    The one home of "did the group finish": ddplab.runstate (run_outcome: the collected run,
+    ``since`` its launch; job_state without systemd and past_run_state: ``since`` the node's newest
+    start), ddplab.status (a node's ``finished``) and, through the nodes' ``finished``, the
     status table's cut-off rows."""
     return any(r.get("event") == "end" and (num(r.get("time")) or since) >= since for r in records)
 

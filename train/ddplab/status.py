@@ -6,14 +6,14 @@ a file whose tail holds none: :func:`read_node_metrics`) and ``systemctl show`` 
 Prints one progress line, e.g.
 ``laptop-a  step  120/1500  loss 2.314  val 2.410  ws 3  rank 0  12.3k tok/s  restarts 0  [running]``,
 or with ``--json`` ``{host, state, unit, progress, line}``: ``state`` is ``running | succeeded |
-failed | absent`` (:func:`job_state`), ``progress`` the newest figures (:func:`node_progress`:
+failed | absent`` (:func:`ddplab.runstate.job_state`), ``progress`` the newest figures (:func:`node_progress`:
 run id, step/max_steps, losses, world size, rank, restarts, seconds since the newest record, the
 last failure), ``agent`` ``{state, substate, running, pid}``, ``workers`` (the newest record of
 every worker: who holds which rank) and, with ``--since T`` (a fault injected at T), ``phase`` and
 ``measure`` (:mod:`ddplab.faults`); with ``--chunks-from OFFSETS`` also ``chunks``, the metrics
 lines written since those byte offsets (:func:`metrics_chunks`: the watch copies them to the
-controller for the live report). The ``ddp_job_watch`` action plugin (roles/ddp_job) and the
-``ddp_lab_progress`` action plugin (roles/fault) poll it; nothing else decides the job's state.
+controller for the live report). The ``node_status`` action plugin (collection ddp_lab.cluster)
+polls it; the states are those of :mod:`ddplab.runstate`.
 
 Exit status: 0 (the state is in the output, also when there is no job); 2 bad arguments.
 """
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ddplab import faults, units
+from ddplab.engines import replica_groups
 from ddplab.records import (
     Record,
     as_int,
@@ -42,6 +43,7 @@ from ddplab.records import (
     read_metrics_dir,
     read_new_lines,
 )
+from ddplab.runstate import job_state, past_run_state
 
 TAIL_BYTES = 256 * 1024  # read at most this much of the end of each metrics file
 CHUNK_BYTES = 1024 * 1024  # --chunks-from: at most this much of each metrics file per call
@@ -53,8 +55,8 @@ def fmt(v: float | None, spec: str = ".3f", none: str = "-") -> str:
 
 
 # The agent unit's properties the job state is read from (:func:`unit_state`). Their one home: the
-# ddp_job_watch action plugin reads this tuple from this file (ast, no import: ddplab is not
-# installed on the controller) when it asks systemd directly because ddplab.status cannot run.
+# node_status action plugin imports them when it asks systemd directly because ddplab.status
+# cannot run on the node.
 UNIT_PROPS = ("LoadState", "ActiveState", "SubState", "Result", "ExecMainStatus", "ExecMainCode",
               "InvocationID", "MainPID", "ExecMainStartTimestampMonotonic", "ExecStart")
 
@@ -70,46 +72,6 @@ def unit_state(unit: str) -> dict[str, str]:
     except (OSError, subprocess.TimeoutExpired):
         return {}
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-
-
-def job_state(unit: Mapping[str, str], records: Sequence[Record]) -> str:
-    """``running`` | ``succeeded`` | ``failed`` | ``absent`` for one node's agent.
-
-    The unit is started with RemainAfterExit=yes, so a finished agent stays ``active/exited`` with
-    its Result. Without unit information (no systemd) the records decide: the group finished
-    since the node's newest start (:func:`ddplab.records.group_finished`) -> succeeded, else
-    running.
-    """
-    finished = group_finished(records, newest_start_time(records))
-    if not unit:
-        return "succeeded" if finished else "running"
-    if unit.get("LoadState") == "not-found":
-        return "absent"
-    active, sub, result = unit.get("ActiveState"), unit.get("SubState"), unit.get("Result")
-    if active == "failed" or (result not in (None, "", "success")):
-        return "failed"
-    if active == "active" and sub == "exited":
-        return "succeeded" if unit.get("ExecMainStatus", "0") == "0" else "failed"
-    if active in ("active", "activating", "reloading", "deactivating"):
-        return "running"
-    return "succeeded" if finished else "absent"
-
-
-# job_state words, and past_run_state's own: a run whose agent ended without an end or failure
-# record (SIGKILL, power loss) or whose launch another run's replaced before it wrote one
-PAST_STATES = ("succeeded", "failed", "interrupted")
-
-
-def past_run_state(records: Sequence[Record]) -> str:
-    """How a run whose agent no longer runs for it ended, from its records alone: ``succeeded``
-    (the group finished since its newest ``start``: :func:`ddplab.records.group_finished`),
-    ``failed`` (a ``failure`` record after it and no end), else ``interrupted`` (see
-    :data:`PAST_STATES`). A resumed run's earlier launches do not count."""
-    since = newest_start_time(records)
-    if group_finished(records, since):
-        return "succeeded"
-    newer = [r for r in records if (num(r.get("time")) or since) >= since]
-    return "failed" if events_of(newer, "failure") else "interrupted"
 
 
 def _read_text(path: Path) -> str | None:
@@ -140,7 +102,7 @@ def unit_holds_run(out_dir: Path, unit: Mapping[str, str]) -> bool | None:
 
 def run_endpoints(out_dir: Path, unit: Mapping[str, str], holds: bool | None) -> dict[str, str | None]:
     """Where the run's controller services are, as its launch recorded them on this node:
-    ``lighthouse``, the per_step engine's torchft lighthouse (``ft_lighthouse`` of the run's
+    ``lighthouse``, the torchft lighthouse of the per_step and diloco engines (``ft_lighthouse`` of the run's
     run.json, e.g. ``http://10.89.0.1:29510``), and ``store``, torchelastic's c10d store (the
     ``--rdzv-endpoint`` of the agent unit's command line (:mod:`ddplab.units`), ``host:port``, read
     only while the unit holds the run: :func:`unit_holds_run`). None where not known. status.yml
@@ -149,7 +111,7 @@ def run_endpoints(out_dir: Path, unit: Mapping[str, str], holds: bool | None) ->
         config = json.loads(_read_text(out_dir / "run.json") or "{}")
     except ValueError:
         config = {}
-    per_step = isinstance(config, dict) and config.get("fault_tolerance") == "per_step"
+    per_step = isinstance(config, dict) and replica_groups(config.get("fault_tolerance"))
     lighthouse = str(config["ft_lighthouse"]) if per_step and config.get("ft_lighthouse") else None
     argv = units.exec_start_argv(unit.get("ExecStart") or "") if holds is not False and not per_step else []
     return {"store": units.option_value(argv, "--rdzv-endpoint"), "lighthouse": lighthouse}

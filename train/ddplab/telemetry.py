@@ -1,4 +1,5 @@
-"""Machine telemetry for the metrics: CPU clock and temperature (psutil), physical cores.
+"""Machine telemetry for the metrics: CPU clock and temperature (psutil), the process's peak
+memory.
 
 Laptops that throttle show it here: a falling ``cpu_mhz`` or a rising ``temp_c`` next to a slower
 step. Values are ``None`` where the machine exposes nothing (VMs, containers without hwmon).
@@ -6,17 +7,12 @@ step. Values are ``None`` where the machine exposes nothing (VMs, containers wit
 
 from __future__ import annotations
 
-import os
+import resource
 
 import psutil
 
 # hwmon/thermal driver names that report the CPU package, most specific first.
 _CPU_SENSORS = ("coretemp", "k10temp", "zenpower", "cpu_thermal", "acpitz", "x86_pkg_temp")
-
-
-def physical_cores() -> int:
-    """Physical CPU cores of this machine (logical CPUs when psutil cannot tell)."""
-    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
 def cpu_mhz() -> float | None:
@@ -47,3 +43,9 @@ def temp_c() -> float | None:
             return round(float(max(readings)), 1)
     readings = [t.current for entries in sensors.values() for t in entries if t.current is not None]
     return round(float(max(readings)), 1) if readings else None
+
+
+def max_rss_mb() -> float:
+    """Peak resident memory of this process so far, MB (10^6 bytes; getrusage's ru_maxrss, KiB on
+    Linux)."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6, 1)

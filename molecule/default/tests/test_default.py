@@ -162,7 +162,8 @@ def test_same_versions_on_every_node(package):
     assert len(set(versions.values())) == 1, versions
 
 
-@pytest.mark.parametrize("matrix", ["test_bad_input_provision.py", "test_bad_input_preflight.py"])
+@pytest.mark.parametrize("matrix", ["test_bad_input_provision.py", "test_bad_input_preflight.py",
+                                    "test_bench_shaped.py"])
 def test_bad_input_matrix_is_part_of_this_run(request, matrix):
     """molecule.yml lists the matrices as additional paths, and molecule silently drops a path that
     matches no file: make sure each one was collected with its node cases."""

@@ -53,6 +53,22 @@ options:
     description: The group of the lab nodes.
     type: str
     default: trainers
+  cpus:
+    description:
+      - The nodes' CPU quotas (C(0.6,0.6,0.3), one per node in address order, or one for all), which the
+        scenarios' prepare step gives them (C(lab/lab.py limits)). Each node gets C(lab_cpus) and
+        C(ddp_job_threads=null) (its workers follow the share, ddplab.cpushare), as C(make lab-up
+        LAB_CPUS=...) writes them for the lab. Empty - no quotas.
+    type: str
+    default: ""
+    env:
+      - name: DDP_LAB_MOLECULE_CPUS
+  link_mbit:
+    description: The rate every node's link is shaped to (C(lab_link_mbit)); empty - not shaped.
+    type: str
+    default: ""
+    env:
+      - name: DDP_LAB_MOLECULE_LINK_MBIT
 """
 
 EXAMPLES = r"""
@@ -72,22 +88,34 @@ def _lab() -> ModuleType:
     return module
 
 
-def node_vars(hosts: list[str], name_prefix: str, subnet: str) -> dict[str, dict[str, str]]:
-    """``ansible_host`` and ``lab_container`` of each molecule lab node of ``hosts``.
+def node_vars(
+    hosts: list[str], name_prefix: str, subnet: str, cpus: str = "", link_mbit: str = ""
+) -> dict[str, dict[str, object]]:
+    """``ansible_host`` and ``lab_container`` of each molecule lab node of ``hosts``, and the limits
+    the prepare step gives them.
 
     Args:
         hosts: inventory host names, each ``<name_prefix>-laptop-<letter>``.
         name_prefix: the scenario's prefix (DDP_LAB_MOLECULE_NAME).
         subnet: the first three octets of the scenario network's /24 (DDP_LAB_MOLECULE_NET).
+        cpus: DDP_LAB_MOLECULE_CPUS (lab/node_limits.py's form of LAB_CPUS); "" for none.
+        link_mbit: DDP_LAB_MOLECULE_LINK_MBIT; "" for none.
 
     Returns:
-        {host: {"ansible_host": its fixed address, "lab_container": host}}.
+        {host: {"ansible_host": its fixed address, "lab_container": host}}, plus ``lab_cpus`` and
+        ``ddp_job_threads`` (None) for a node with a quota, ``lab_link_mbit`` when shaped.
 
     Raises:
-        ValueError: a host is not named as a lab node, or the subnet has no room for it; the message
-            names the host and what to fix.
+        ValueError: a host is not named as a lab node, or the subnet has no room for it, or a limit
+            is malformed; the message names the host or setting and what to fix.
     """
     lab = _lab()
+    try:
+        shares = lab.node_limits.parse_cpus(cpus, lab.host_cpus())
+        shares = lab.node_limits.shares_for(shares, len(hosts)) if shares else (None,) * len(hosts)
+        rate = lab.node_limits.parse_link_mbit(link_mbit)
+    except lab.node_limits.LimitError as exc:
+        raise ValueError(f"DDP_LAB_MOLECULE_CPUS / _LINK_MBIT: {exc}") from None
     result = {}
     for host in hosts:
         node = host.removeprefix(f"{name_prefix}-")
@@ -102,6 +130,12 @@ def node_vars(hosts: list[str], name_prefix: str, subnet: str) -> dict[str, dict
                 "fix the platforms' names, DDP_LAB_MOLECULE_NAME or DDP_LAB_MOLECULE_NET"
             ) from exc
         result[host] = {"ansible_host": address, "lab_container": host}
+    order = sorted(result, key=lambda h: lab.node_index(h.removeprefix(f"{name_prefix}-")))
+    for host, share in zip(order, shares, strict=True):
+        if share is not None:
+            result[host].update(lab_cpus=share, ddp_job_threads=None)
+        if rate:
+            result[host]["lab_link_mbit"] = rate
     return result
 
 
@@ -124,11 +158,13 @@ class InventoryModule(BaseInventoryPlugin):
             )
         hosts = [host.name for host in inventory.groups[group].get_hosts()]
         try:
-            values = node_vars(hosts, self.get_option("name_prefix"), self.get_option("subnet"))
+            values = node_vars(hosts, self.get_option("name_prefix"), self.get_option("subnet"),
+                               self.get_option("cpus"), self.get_option("link_mbit"))
         except ValueError as exc:
             raise AnsibleParserError(f"{path}: {exc}") from None
         # Trusted as a YAML inventory's text is (they hold no template): `ansible-inventory --list`
         # shows them as plain strings, where testinfra and tests/labharness.py read them.
         for host, host_vars in values.items():
             for key, value in host_vars.items():
-                inventory.set_variable(host, key, trust_as_template(value))
+                trusted = trust_as_template(value) if isinstance(value, str) else value
+                inventory.set_variable(host, key, trusted)

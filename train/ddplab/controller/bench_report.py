@@ -9,7 +9,9 @@ bench.yml (roles/bench) fills the bench's folder on the controller::
     rounds/<round>/<host>/...  the scaling runs of ddplab.train, collected like any run
 
 This module reads them and writes ``links.json``, ``allreduce.json``, ``scaling.json``,
-``tables.txt`` (the three tables, also printed) and ``report.html`` with ``plots/*.png``.
+``tables.txt`` (the three tables, also printed) and ``report.html`` with ``plots/*.png``; and the
+tables to the benchmarks' results file ``benchmarks/results/bench.md`` (:mod:`ddplab.bench.results`;
+``--results-dir`` elsewhere), with the nodes' CPUs and load average at the bench's start.
 
 * **links** -- the bandwidth (bytes/s, row -> column) and RTT (ms) matrices, slow links flagged.
 * **all-reduce** -- per size D and world size N: median time, bus bandwidth
@@ -40,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddplab.bench import costmodel
+from ddplab.bench import costmodel, results
 from ddplab.bench.allreduce import MB
 from ddplab.bench.links import format_matrices
 from ddplab.controller.report import html, plots
@@ -590,11 +592,36 @@ def build(bench_dir: str | Path) -> tuple[Path, str, bool]:
     return out, tables, has_any
 
 
+def write_results(bench_dir: str | Path, tables: str, out_dir: str | Path | None = None) -> Path:
+    """The bench's tables as the results file ``bench.md`` (:func:`ddplab.bench.results.write`):
+    the command is bench.yml's (the ``ansible-playbook`` this runs under) or this one's; the load
+    before is each node's at the bench's start (bench.json), the load after the controller's now;
+    the machine line adds each node's CPUs. Raises BenchError as :func:`load_bench`,
+    ResultsError/OSError as the writer."""
+    bench = load_bench(bench_dir)
+    s = bench.settings
+    nodes = {h: v for h, v in sorted((s.get("nodes") or {}).items()) if isinstance(v, dict)}
+    loads = "; ".join(f"{h} {results.load_text(v['loadavg'][:3])}" for h, v in nodes.items()
+                      if isinstance(v.get("loadavg"), list) and v["loadavg"])
+    cpus = ", ".join(f"{h} {count_cpus(v) or '?'} CPUs" for h, v in nodes.items())
+    return results.write(
+        "bench", results.code_block(tables), title="Cluster bench: links, all-reduce and scaling",
+        load_before=f"{loads} (nodes, at the bench's start)" if loads else None,
+        load_after=f"{results.load_text(results.loadavg())} (controller, when the tables were written)",
+        command=results.ancestor_command("ansible-playbook") or results.command_line(),
+        notes=[f"bench folder: {bench.path} (started {s.get('started', '?')})"], out_dir=out_dir,
+        extra_machine=f"nodes: {cpus}" if cpus else None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI: print the tables and the report's path. Exit 0 written, 2 bad input, 3 no results."""
+    """CLI: print the tables and the report's path, write the results file. Exit 0 written, 2 bad
+    input, 3 no results (no results file then)."""
     ap = argparse.ArgumentParser(prog="python -m ddplab.controller.bench_report",
                                  description="Tables, JSON results and report.html of a bench folder.")
     ap.add_argument("bench_dir", help="the bench's folder, runs/bench-<id>")
+    ap.add_argument("--results-dir", default=None,
+                    help="folder of the results file bench.md (unset: $DDPLAB_RESULTS_DIR, else the "
+                    "checkout's benchmarks/results)")
     args = ap.parse_args(argv)
     try:
         out, tables, has_any = build(args.bench_dir)
@@ -602,11 +629,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench_report: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(tables)
-    print(f"\nreport: {out}")
     if not has_any:
+        print(f"\nreport: {out}")
         print(f"bench_report: {args.bench_dir}: no links, all-reduce or scaling result; "
-              "wrote a page saying so", file=sys.stderr)
+              "wrote a page saying so (no results file)", file=sys.stderr)
         return EXIT_EMPTY
+    try:
+        written = write_results(args.bench_dir, tables, args.results_dir)
+    except (results.ResultsError, OSError) as exc:
+        print(f"\nreport: {out}")
+        print(f"bench_report: results file not written: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"\nresults: {written}")
+    print(f"report: {out}")
     return EXIT_OK
 
 

@@ -6,7 +6,8 @@ the quorum id that changes when they do. It is torchft's own server (``torchft_l
 Rust binary in the torchft wheel, next to the controller's ``python``), run under the same small
 supervisor as the rendezvous store (:mod:`ddplab.controller.supervisor`): a detached process that
 restarts it when it dies. State in ``--state-dir`` (default ``runs/.rdzv``):
-``lighthouse-<port>.json`` (pidfile) and ``lighthouse-<port>.log``.
+``lighthouse-<port>.json`` (pidfile), ``lighthouse-<port>.log`` and ``lighthouse-<port>.run.json``
+(which run it serves: ``serves``).
 
 Subcommands (each prints one JSON object on stdout; ``changed`` tells Ansible the truth):
 
@@ -18,7 +19,10 @@ Subcommands (each prints one JSON object on stdout; ``changed`` tells Ansible th
 ``status --port P [--host H]``
     The supervisor's state plus the lighthouse's: ``quorum_id``, ``participants`` (replica ids of
     the last quorum), ``heartbeats`` (replica id -> seconds since its last heartbeat). Exit code
-    0 running and answering, 1 running but not answering, 3 not running.
+    0 running and answering, 1 running but not answering, 3 not running (another checkout's
+    lighthouse on the port is not running: ``held_by`` names it).
+``serves --port P --run-id R``
+    Record that the running lighthouse serves run R: ``status`` then says ``run_id`` R.
 
 Exit codes: 0 ok, 1 it did not come up / does not answer, 2 bad input or a conflict (the port is
 held by another program, the same port served for another address, torchft not installed).
@@ -62,7 +66,7 @@ def ping(host: str, port: int, timeout_s: float = 3.0) -> bool:
 
 
 SERVICE = supervisor.Service(name="lighthouse", label="lighthouse", module="ddplab.controller.lighthouse",
-                             port_setting="rendezvous_lighthouse_port", ping=ping)
+                             port_setting="rendezvous_lighthouse_port", ping=ping, marker=BINARY)
 
 _QUORUM_ID = re.compile(r"Current quorum_id:\s*(-?\d+)")
 _MEMBER = re.compile(r"<b>([^<]+)</b>\s*<br/>\s*Step:\s*(-?\d+)")

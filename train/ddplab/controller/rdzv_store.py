@@ -9,7 +9,8 @@ The controller may have no systemd (containers, WSL, this project's CI), so ``st
 store under the supervisor of :mod:`ddplab.controller.supervisor` (shared with the torchft
 lighthouse): a detached process that restarts the store when it dies. State lives in
 ``--state-dir`` (default ``runs/.rdzv``): ``store-<port>.json`` (the pidfile: supervisor pid, its
-create time, host, port, restarts, child pid) and ``store-<port>.log``.
+create time, host, port, restarts, child pid), ``store-<port>.log`` and ``store-<port>.run.json``
+(which run it serves: ``serves``).
 
 Subcommands (every one prints one JSON object on stdout; ``changed`` tells Ansible the truth):
 
@@ -24,7 +25,10 @@ Subcommands (every one prints one JSON object on stdout; ``changed`` tells Ansib
     Terminate the supervisor (and with it the store); ``changed: false`` when none was running.
 ``status --port P [--host H]``
     Report; exit code 0 when running and answering, 3 when not running, 1 when running but not
-    answering.
+    answering. Another checkout's store on the port is not running (``held_by`` names it).
+``serves --port P --run-id R``
+    Record that the running store serves run R (a launch whose agents it serves): ``status``
+    then says ``run_id`` R, also when the store is found by its port without a pidfile.
 
 Exit codes: 0 ok, 1 the store did not come up / does not answer, 2 bad input or a conflict
 (the port is held by another program, or by a store of ours bound to another host address),
@@ -74,7 +78,7 @@ def ping(host: str, port: int, timeout_s: float = 3.0) -> bool:
 
 
 SERVICE = supervisor.Service(name="store", label="store", module="ddplab.controller.rdzv_store",
-                             port_setting="rendezvous_port", ping=ping)
+                             port_setting="rendezvous_port", ping=ping, marker="ddplab.controller.rdzv_store")
 
 
 def read_state(state_dir: Path, port: int) -> StoreState | None:

@@ -20,17 +20,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddplab.faults import LAUNCH_KINDS, STOP_KIND
+from ddplab.engines import replica_groups
 from ddplab.records import (
     Record,
     as_int,
     by_time,
     events_of,
-    group_finished,
     num,
     read_jsonl,
     read_metrics_dir,
 )
+from ddplab.runstate import LAUNCH_KINDS, launch_since
 
 SUMMARY_FILE = "summary.json"
 EVENTS_FILE = "events.jsonl"
@@ -215,7 +215,7 @@ def group_starts(records: Iterable[Record]) -> list[GroupStart]:
 
 def launch_of(events: Iterable[Record]) -> Callable[[float], int]:
     """Which launch a record at unix time ``t`` belongs to: the number of ``launch``/``resume``
-    events (:data:`ddplab.faults.LAUNCH_KINDS`) at or before ``t`` (0: before any, or no events)."""
+    events (:data:`ddplab.runstate.LAUNCH_KINDS`) at or before ``t`` (0: before any, or no events)."""
     marks = sorted(t for e in events
                    if e.get("kind") in LAUNCH_KINDS and (t := num(e.get("time"))) is not None)
     return lambda t: bisect.bisect_right(marks, t)
@@ -243,7 +243,7 @@ def world_size_timeline(records: Iterable[Record]) -> list[dict[str, Any]]:
         ws, t = as_int(r.get("world_size")), num(r.get("time"))
         if ws is None or t is None or r.get("committed") is False:
             continue
-        if r.get("engine") == "per_step" and r.get("event") == "start":
+        if replica_groups(r.get("engine")) and r.get("event") == "start":
             continue
         step = as_int(r.get("step") if r.get("event") == "step" else r.get("resumed_from_step"))
         if not out or out[-1]["world_size"] != ws:
@@ -262,25 +262,7 @@ def world_size_at(timeline: Sequence[dict[str, Any]], t: float) -> int | None:
 
 
 # ----------------------------------------------------------------------------- outcome
-
-OUTCOMES = ("finished", "stopped", "failed", "incomplete", "no metrics")
-
-
-def launch_since(records: Sequence[Record], events: Sequence[Record]) -> float:
-    """When the run's newest launch began (unix s): the newest ``start`` record; under per_step,
-    where a replica's worker can start (a torchrun restart, a rejoin) after its peers finished,
-    the newest ``launch``/``resume`` event (:data:`ddplab.faults.LAUNCH_KINDS`), and without
-    such events the oldest ``start`` record (no record names its launch: every launch's records
-    count, so a rejoined or restarted worker's start never hides its peers' ``end`` records).
-    -inf when there is no ``start`` record. Raises nothing."""
-    starts = [r for r in records if r.get("event") == "start" and num(r.get("time")) is not None]
-    newest = max(starts, key=lambda r: num(r.get("time")), default=None)
-    if newest is None:
-        return float("-inf")
-    if newest.get("engine") != "per_step":
-        return num(newest.get("time"))
-    launches = [t for e in events if e.get("kind") in LAUNCH_KINDS and (t := num(e.get("time"))) is not None]
-    return max(launches) if launches else min(num(r.get("time")) for r in starts)
+# The run's outcome and its newest launch: the run-state model's (ddplab.runstate).
 
 
 def cut_off_nodes(per_host: Mapping[str, Sequence[Record]], events: Sequence[Record]) -> list[dict[str, Any]]:
@@ -300,29 +282,3 @@ def cut_off_nodes(per_host: Mapping[str, Sequence[Record]], events: Sequence[Rec
                         **{k: last.get(k) for k in ("step", "last_group_quorum_id", "quorum_id",
                                                     "unreachable_s")}})
     return out
-
-
-def run_outcome(records: Sequence[Record], events: Sequence[Record]) -> str:
-    """How the run's newest launch ended, one of :data:`OUTCOMES`.
-
-    ``no metrics``: no ``step`` record; ``finished``: an ``end`` record after the newest launch
-    (:func:`launch_since`; under per_step a replica that reached ``max_steps`` finished the run,
-    whatever a replica cut off from the group did after it: it trained nothing alone);
-    ``stopped``: a ``kind: stop`` event (stop.yml stopped a running agent) at or after the newest
-    launch; ``failed``: a ``failure`` record after the newest launch;
-    ``incomplete``: none of these (still running, or the agents vanished without a record).
-    Records of earlier launches of a resumed run do not count.
-    """
-    if not any(r.get("event") == "step" for r in records):
-        return "no metrics"
-    since = launch_since(records, events)
-
-    def after(event: str) -> bool:
-        return any(r.get("event") == event and (num(r.get("time")) or since) >= since for r in records)
-
-    if group_finished(records, since):  # the one home of "did the group finish"
-        return "finished"
-    stops = [t for e in events if e.get("kind") == STOP_KIND and (t := num(e.get("time"))) is not None]
-    if any(t >= since - 1.0 for t in stops):
-        return "stopped"
-    return "failed" if after("failure") else "incomplete"

@@ -19,6 +19,11 @@ Two rules, each over a window of consecutive step records of one worker (``host`
 ``window`` counts step records, which are written every ``log_interval`` steps.
 Records with the same (host, local_rank, step) -- a step redone after a restart -- count once
 (the newest by ``time``).
+
+With ``batch_balance: speed`` a slow laptop gets a smaller share of each step (``batch_share``,
+ddplab.balance) and its compute no longer stands out: :func:`balance_gain` says what balancing
+gained, from each rank's measured time per sample (``compute_s / batch_share``): the slowest
+rank's compute per step as it was, and as equal shares would have made it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ddplab.lr import equal_shares
 from ddplab.records import num
 
 DEFAULT_MARGIN = 0.20
@@ -217,6 +223,104 @@ def detect_stragglers(
                 findings.append(_finding("clock_drop", key, run, last_step, nominal, min))
     findings.sort(key=lambda f: (f.from_step, f.host, f.local_rank, f.kind))
     return findings
+
+
+@dataclass(frozen=True)
+class WorkerShare:
+    """One worker's part of the balanced steps: its median ``share`` (samples a step) and median
+    ``speed`` (samples per second of compute: ``batch_share / compute_s``)."""
+
+    host: str
+    local_rank: int
+    share: float
+    speed: float
+
+
+@dataclass(frozen=True)
+class Replan:
+    """A new batch plan (``batch_plan`` of the first step record that uses it): its ``step``, why
+    (``reason``: start, calibrated, group, speed) and each worker's share, by worker."""
+
+    step: int
+    reason: str
+    shares: dict[WorkerKey, int]
+
+
+@dataclass(frozen=True)
+class BalanceGain:
+    """What speed-balanced batches gained over the ``steps`` whose every rank logged its compute
+    and share.
+
+    ``compute_s``: the median over those steps of the slowest rank's compute (every rank waits for
+    it); ``equal_compute_s``: the same with equal shares of each step's global batch, from each
+    rank's measured time per sample at that step (an estimate: a rank's time per sample barely
+    depends on its share); ``workers``: each worker's share and speed; ``plans``: the plans.
+    """
+
+    steps: int
+    compute_s: float
+    equal_compute_s: float
+    workers: tuple[WorkerShare, ...]
+    plans: tuple[Replan, ...]
+
+    @property
+    def gain(self) -> float:
+        """The share of the slowest rank's compute that balancing saved (0.25 = a quarter)."""
+        return 1 - self.compute_s / self.equal_compute_s if self.equal_compute_s > 0 else 0.0
+
+
+def balance_gain(records: Iterable[Record]) -> BalanceGain | None:
+    """:class:`BalanceGain` of a run whose step records carry ``batch_shares`` (balancing on), or
+    None (off, or no step that every rank of its group logged with a compute time and a share).
+
+    A step counts when as many workers logged it as its ``batch_shares`` has members, each with a
+    positive ``compute_s`` and ``batch_share``; equal shares deal the step's global batch (the sum
+    of its shares) with the remainder to the first ranks, as the engines do.
+    """
+    workers = step_records(records)
+    at_step: dict[int, list[tuple[WorkerKey, Record]]] = defaultdict(list)
+    for key, recs in workers.items():
+        for r in recs:
+            if isinstance(r.get("batch_shares"), list):
+                at_step[r["step"]].append((key, r))
+    if not at_step:
+        return None
+    actual, equal, per_worker = [], [], defaultdict(list)
+    plans = []
+    for step in sorted(at_step):
+        row = at_step[step]
+        shares = row[0][1]["batch_shares"]
+        reason = next((r.get("batch_plan") for _, r in row if r.get("batch_plan")), None)
+        if reason:
+            plans.append(Replan(step, str(reason), {k: int(r.get("batch_share") or 0) for k, r in row}))
+        measured = [(k, c, n, as_rank) for k, r in row
+                    if (c := num(r.get("compute_s"))) and c > 0 and (n := num(r.get("batch_share"))) and n > 0
+                    and isinstance(as_rank := r.get("rank"), int)]
+        if len(measured) != len(shares) or len(measured) < 2:
+            continue
+        even = equal_shares(sum(int(v) for v in shares), len(shares))
+        actual.append(max(c for _, c, _, _ in measured))
+        equal.append(max(even[rank] * c / n for _, c, n, rank in measured))
+        for k, c, n, _ in measured:
+            per_worker[k].append((n, n / c))
+    if not actual:
+        return None if not plans else BalanceGain(0, 0.0, 0.0, (), tuple(plans))
+    shares_of = tuple(WorkerShare(h, lr, statistics.median(n for n, _ in v),
+                                  statistics.median(x for _, x in v))
+                      for (h, lr), v in sorted(per_worker.items()))
+    return BalanceGain(len(actual), statistics.median(actual), statistics.median(equal), shares_of,
+                       tuple(plans))
+
+
+def format_balance(b: BalanceGain) -> str:
+    """One line: what balancing gained, e.g. ``batches balanced by speed over 340 steps: the
+    slowest rank's compute 0.251 s a step, 0.412 s with equal shares (estimated ...): 39 % less``."""
+    if not b.steps:
+        return (f"batches balanced by speed: {len(b.plans)} plan(s), no step with every rank's compute "
+                "and share")
+    return (f"batches balanced by speed over {b.steps} steps: the slowest rank's compute {b.compute_s:.3f} s "
+            f"a step, {b.equal_compute_s:.3f} s with equal shares (estimated from each rank's time per "
+            f"sample): {b.gain:.0%} less waiting for the slowest")
 
 
 def live_stragglers(records: Iterable[Record], **params: Any) -> list[StragglerFinding]:

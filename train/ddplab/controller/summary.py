@@ -20,11 +20,15 @@ Definitions (all times unix seconds, from the nodes' clocks):
 ``steps_completed``
     the largest ``step`` of any ``end``/``step``/``val``/``checkpoint``/``failure`` record.
 ``outcome``
-    :func:`ddplab.controller.rundir.run_outcome`: finished | stopped (stop.yml recorded a
+    :func:`ddplab.runstate.run_outcome`: finished | stopped (stop.yml recorded a
     ``kind: stop`` event after the newest start) | failed | incomplete | no metrics; ``running``
     for a snapshot collect took while the job ran (``build --running HOSTS``).
 ``running_on``
     the trainers whose agent still ran the job when a snapshot was collected ([] otherwise).
+``partial`` / ``unread``
+    whether collect could not read some trainer (powered off, unreachable: ``build --unread
+    HOSTS``), and which: their figures are an earlier collect's, or none; a later collect that
+    reads them rebuilds the summary whole.
 ``final_train_loss`` / ``final_val_loss``
     of the rank-0 ``end`` record (the trainer's final evaluation: the mean loss over fixed
     windows of the train and val splits); without one, the newest ``val`` record's
@@ -83,10 +87,11 @@ from ddplab.controller.rundir import (
     launch_of,
     load_run,
     read_json,
-    run_outcome,
     world_size_timeline,
 )
+from ddplab.engines import replica_groups
 from ddplab.records import Record, as_int, events_of, num
+from ddplab.runstate import LAUNCH_KINDS, OUTCOME_WORDS, run_outcome
 from ddplab.status import fmt
 
 SummaryError = RunFolderError  # bad input: the run folder does not exist
@@ -187,7 +192,7 @@ def run_engine(records: Iterable[Record]) -> str:
 def launches(events: Iterable[Record], records: Iterable[Record] = ()) -> list[str]:
     """The kinds (``launch``, ``resume``) of the run's launch events in time order; ``["launch"]``
     when there is none but a ``start`` record (a run folder without events.jsonl); [] else."""
-    kinds = [str(e["kind"]) for e in sorted((e for e in events if e.get("kind") in faults.LAUNCH_KINDS
+    kinds = [str(e["kind"]) for e in sorted((e for e in events if e.get("kind") in LAUNCH_KINDS
                                               and num(e.get("time")) is not None), key=lambda e: e["time"])]
     return kinds or (["launch"] if events_of(records, "start") else [])
 
@@ -201,7 +206,7 @@ def restarts_within_launches(records: Sequence[Record], events: Iterable[Record]
     ``start`` records beyond the first of each worker (host, local_rank) in each launch. Under
     per_step this equals the sum of the faults' ``restarts`` when every restart followed a fault."""
     events = list(events)
-    if run_engine(records) != "per_step":
+    if not replica_groups(run_engine(records)):
         return group_restarts(records, events)
     which = launch_of(events)
     keys = [(which(t), r.get("host"), as_int(r.get("local_rank")) or 0)
@@ -249,11 +254,13 @@ def per_host_figures(host: str, records: Sequence[Record], host_dir: Path | None
 
 
 def build_summary(run_dir: str | Path, hosts: Sequence[str] | None = None,
-                  running: Sequence[str] = ()) -> dict[str, Any]:
+                  running: Sequence[str] = (), unread: Sequence[str] = ()) -> dict[str, Any]:
     """The summary dict of a collected run folder (see the module docstring).
 
     ``hosts``: the trainers of the run (default: the host folders found). ``running``: the trainers
-    whose agent still runs the job (a snapshot): the outcome is then ``running``. Raises
+    whose agent still runs the job (a snapshot): the outcome is then ``running``. ``unread``: the
+    trainers this collect could not read (powered off, unreachable): the summary is ``partial``,
+    their figures are an earlier collect's or none, and a later collect completes it. Raises
     RunFolderError (alias SummaryError) when ``run_dir`` is not a folder.
     """
     run = load_run(run_dir)
@@ -274,6 +281,8 @@ def build_summary(run_dir: str | Path, hosts: Sequence[str] | None = None,
         "run_id": run.run_id,
         "outcome": "running" if running else run_outcome(records, run.events),
         "running_on": sorted(running),
+        "partial": bool(unread),
+        "unread": sorted(unread),
         "hosts": list(hosts),
         "steps_completed": steps_completed(records),
         "max_steps": max_steps,
@@ -338,14 +347,20 @@ def human_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None)
     steps, max_steps = summary.get("steps_completed"), summary.get("max_steps")
     done = max_steps is not None and steps is not None and steps >= max_steps
     hosts = summary.get("hosts") or []
-    outcome = {"finished": "finished", "stopped": "stopped by stop.yml", "failed": "NOT finished (failed)",
-               "running": f"RUNNING (a snapshot; it goes on on {', '.join(summary.get('running_on') or [])})",
-               "incomplete": "NOT finished (no end record)", "no metrics": "NOT finished (no step metrics)",
-               }.get(summary.get("outcome"), "finished" if done else "NOT finished")
+    outcome = summary.get("outcome")
+    if outcome == "running":
+        outcome = f"RUNNING (a snapshot; it goes on on {', '.join(summary.get('running_on') or [])})"
+    else:
+        outcome = OUTCOME_WORDS.get(outcome, ("finished" if done else "NOT finished", ""))[0]
     lines.append(
         f"run {summary.get('run_id')}: {steps}/{max_steps if max_steps is not None else '?'} steps "
         f"on {len(hosts)} node(s) ({', '.join(hosts)}) - {outcome}"
+        + (" - PARTIAL" if summary.get("unread") else "")
     )
+    if summary.get("unread"):
+        unread = ", ".join(summary["unread"])
+        lines.append(f"PARTIAL: {unread} not read by this collect (unreachable): its figures are an earlier"
+                     f" collect's, or none; fix: bring {unread} back and run playbooks/collect.yml again")
     wall = num(summary.get("wall_s"))
     lines.append(
         f"train loss (last minibatch): {fmt(num(summary.get('first_train_loss')))} -> "
@@ -356,20 +371,22 @@ def human_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None)
     tl = summary.get("world_size_timeline") or []
     if tl:
         lines.append(
-            ("participants: " if summary.get("engine") == "per_step" else "world size: ")
+            ("participants: " if replica_groups(summary.get("engine")) else "world size: ")
             + " -> ".join(f"{e['world_size']} (step {e['step']})" for e in tl)
-            + (f"; processes restarted: {summary.get('restarts', 0)} (engine per_step)"
-               if summary.get("engine") == "per_step" else f"; group restarts: {summary.get('restarts', 0)}")
+            + (f"; processes restarted: {summary.get('restarts', 0)} (engine {summary.get('engine')})"
+               if replica_groups(summary.get("engine"))
+               else f"; group restarts: {summary.get('restarts', 0)}")
             + " within launches"
             + (f" ({', '.join(summary['launches'])})" if len(summary.get("launches") or []) > 1 else "")
         )
-    size = "participants" if summary.get("engine") == "per_step" else "world size"
+    size = "participants" if replica_groups(summary.get("engine")) else "world size"
     for f in summary.get("faults") or []:
         via = faults.interim_text(f)
         lines.append(
             f"fault {f.get('mode')} {f.get('node')}: {size} {faults.path_text(f)}, "
             f"detected {fmt(num(f.get('detected_s')), '.1f')} s, "
-            f"recovered {fmt(num(f.get('recovered_s')), '.1f')} s, steps lost {f.get('steps_lost', '-')}"
+            f"recovered {fmt(num(f.get('recovered_s')), '.1f')} s, steps lost "
+            f"{'-' if f.get('steps_lost') is None else f['steps_lost']}"
             + (f" ({via})" if via else "")
         )
     for c in summary.get("cut_off") or []:
@@ -446,6 +463,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     b.add_argument("--json", action="store_true", help="print the summary JSON instead of the text")
     b.add_argument("--running", default="", metavar="HOSTS",
                    help="comma-separated trainers still running the job (a snapshot: outcome running)")
+    b.add_argument("--unread", default="", metavar="HOSTS",
+                   help="comma-separated trainers this collect could not read (the summary is partial)")
     f = sub.add_parser("faults", help="measure the injections of events.jsonl into summary.json")
     f.add_argument("run_dir", type=Path, help="runs/<run_id> on the controller (holds events.jsonl)")
     f.add_argument("--metrics", type=Path, default=None,
@@ -461,7 +480,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.cmd == "build":
         try:
             summary = build_summary(a.run_dir, [h for h in a.hosts.split(",") if h] or None,
-                                    [h for h in a.running.split(",") if h])
+                                    [h for h in a.running.split(",") if h],
+                                    [h for h in a.unread.split(",") if h])
         except SummaryError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

@@ -8,7 +8,9 @@ stop. A service is named by a :class:`Service` (its name, how to ask it whether 
 module whose CLI manages it); this module holds what they share.
 
 State lives in ``state_dir`` (default ``runs/.rdzv``): ``<name>-<port>.json`` (the pidfile: the
-supervisor's pid and create time, host, port, restarts, the child's pid) and ``<name>-<port>.log``.
+supervisor's pid and create time, host, port, restarts, the child's pid), ``<name>-<port>.log`` and
+``<name>-<port>.run.json`` (the run record: which run the service serves, written by each launch
+whose agents it serves, :func:`record_run`; it holds for the process it names only).
 
 Run as ``python -m ddplab.controller.supervisor --name N --host H --port P --state-dir D -- ARGV``
 (what :func:`start` launches): supervise the command ARGV.
@@ -30,7 +32,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -76,7 +78,7 @@ class Service:
     ``name``: file prefix and label (``store``, ``lighthouse``); ``label``: how messages call it;
     ``module``: the module whose CLI manages it (named in the messages that say how to stop it);
     ``port_setting``: the inventory variable of its port; ``ping(host, port, timeout_s)``: True
-    when the service answers at ``host:port``.
+    when the service answers at ``host:port``; ``marker``: see :func:`holders`.
     """
 
     name: str
@@ -84,10 +86,17 @@ class Service:
     module: str
     port_setting: str
     ping: Callable[[str, int, float], bool]
+    # a word of the serving process's command line (``ddplab.controller.rdzv_store``,
+    # ``torchft_lighthouse``): tells this service when it serves without its supervisor
+    marker: str = ""
 
     def paths(self, state_dir: Path, port: int) -> tuple[Path, Path]:
         """(pidfile, log) of the service on ``port``."""
         return state_dir / f"{self.name}-{port}.json", state_dir / f"{self.name}-{port}.log"
+
+    def run_path(self, state_dir: Path, port: int) -> Path:
+        """The run record of the service on ``port`` (:func:`record_run`)."""
+        return state_dir / f"{self.name}-{port}.run.json"
 
 
 def _write_state(path: Path, state: ServiceState) -> None:
@@ -141,6 +150,142 @@ def connectable(host: str, port: int, timeout_s: float) -> bool:
         return True
     except OSError:
         return False
+
+
+# --------------------------------------------------------------------------- which run it serves
+
+
+def served_run(service: Service, state_dir: Path | str | None, port: int, pid: int | None,
+               ctime: float | None) -> str | None:
+    """The run id of the run record in ``state_dir`` when it names the process ``pid`` created at
+    ``ctime`` (unix s; the supervisor, or a server whose supervisor is gone), else None (no
+    record, or one of an earlier process on that port)."""
+    if not state_dir or pid is None or ctime is None:
+        return None
+    try:
+        doc = json.loads(service.run_path(Path(state_dir), port).read_text())
+        same = int(doc["pid"]) == pid and abs(float(doc["ctime"]) - float(ctime)) < 1.0
+        return str(doc["run_id"]) if same and doc.get("run_id") else None
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def record_run(service: Service, port: int, state_dir: Path, run_id: str) -> dict[str, Any]:
+    """Note that ``run_id`` is the run this checkout's ``service`` on ``port`` serves (a launch whose
+    agents it serves calls it): the run record ``<name>-<port>.run.json`` names the run and the
+    process (the supervisor of the pidfile, else the one :func:`holders` finds as ``ours``), so
+    :func:`status` can say which run it serves, also with its pidfile gone. Returns ``changed``
+    (False: already recorded, or no service of this checkout runs on ``port``: ``note`` says so),
+    ``run_id``, ``port``. Atomic write (temp file + os.replace)."""
+    state = read_state(service, state_dir, port)
+    if alive(state):
+        assert state is not None
+        pid, ctime = state.supervisor_pid, state.supervisor_ctime
+    else:
+        ours = [h for h in holders(service, port, state_dir) if h["kind"] == "ours"]
+        if not ours:
+            return {"changed": False, "run_id": run_id, "port": port,
+                    "note": f"no {service.label} of this checkout runs on port {port}: no run recorded"}
+        pid, ctime = ours[0].get("supervisor_pid") or ours[0]["server_pid"], ours[0]["created"]
+    if served_run(service, state_dir, port, pid, ctime) == run_id:
+        return {"changed": False, "run_id": run_id, "port": port}
+    path = service.run_path(state_dir, port)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"run_id": run_id, "pid": pid, "ctime": ctime, "since": time.time()}) + "\n")
+    os.replace(tmp, path)
+    return {"changed": True, "run_id": run_id, "port": port}
+
+
+# --------------------------------------------------------------------------- what listens on a port
+
+
+def _flag(argv: Sequence[str], name: str) -> str | None:
+    """The value after ``name`` in ``argv`` (``--state-dir D``), or None."""
+    for i, arg in enumerate(argv[:-1]):
+        if arg == name:
+            return argv[i + 1]
+    return None
+
+
+def _listening_pids(port: int) -> tuple[set[int], bool]:
+    """(pids of the processes listening on TCP ``port`` on any address, whether one listener's
+    process could not be seen: another user's, which this user may not inspect)."""
+    pids, hidden = set(), False
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except psutil.AccessDenied:  # some systems list only one's own processes' sockets
+        conns = []
+        for proc in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                conns += [c._replace(pid=proc.pid) for c in proc.net_connections(kind="tcp")]
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port:
+            if c.pid is None:
+                hidden = True
+            else:
+                pids.add(c.pid)
+    return pids, hidden
+
+
+def holders(service: Service, port: int, state_dir: Path) -> list[dict[str, Any]]:
+    """Every process that listens on ``port``, and whose it is (psutil; no pidfile needed).
+
+    Each: ``pid`` (None: a process this user cannot see), ``program``, ``user``, ``created`` (unix
+    s), and ``kind``: ``ours`` (this ``service`` under a ddp-lab supervisor whose state folder is
+    ``state_dir``, or serving without one from this Python's venv), ``other`` (this service of
+    another state folder or venv: another checkout's), ``unknown`` (not this service: another
+    program, or one this user cannot see). A ddp-lab one also has ``supervisor_pid`` (None: its
+    supervisor is gone), ``host``, ``state_dir`` (the supervisor's), ``server_pid`` and ``run_id``
+    (the run it serves by the run record of its state folder, :func:`served_run`; None: not known).
+    """
+    pids, hidden = _listening_pids(port)
+    out: list[dict[str, Any]] = []
+    mine = Path(sys.executable).parent  # this venv's bin/ (argv[0] names it; exe() is the resolved binary)
+    for pid in sorted(pids):
+        try:
+            proc = psutil.Process(pid)
+            argv, chain = proc.cmdline(), [proc, *proc.parents()]
+            doc = {"pid": pid, "program": proc.name(), "user": proc.username(), "created": proc.create_time(),
+                   "kind": "unknown"}
+            sup = next((p for p in chain if "ddplab.controller.supervisor" in " ".join(p.cmdline())), None)
+            sup_argv = sup.cmdline() if sup is not None else []
+            if sup is not None and _flag(sup_argv, "--name") == service.name:
+                folder = _flag(sup_argv, "--state-dir") or ""
+                same = Path(folder).resolve() == state_dir.resolve()
+                doc.update(kind="ours" if same else "other", supervisor_pid=sup.pid, state_dir=folder,
+                           host=_flag(sup_argv, "--host"), server_pid=pid, created=sup.create_time())
+                doc["run_id"] = served_run(service, folder, port, sup.pid, doc["created"])
+            elif service.marker and any(service.marker in a for a in argv):
+                exe_dir = Path(argv[0]).parent if argv and os.path.isabs(argv[0]) else None
+                bind = _flag(argv, "--bind") or ""
+                doc.update(kind="ours" if exe_dir == mine else "other", supervisor_pid=None,
+                           host=_flag(argv, "--host") or bind.rsplit(":", 1)[0] or None, state_dir=None,
+                           server_pid=pid, venv=str(exe_dir.parent) if exe_dir else None)
+                if doc["kind"] == "ours":  # its supervisor gone: the record names the server itself
+                    doc["run_id"] = served_run(service, state_dir, port, pid, doc["created"])
+        except psutil.Error:
+            doc = {"pid": pid, "program": "?", "user": "?", "created": None, "kind": "unknown"}
+        out.append(doc)
+    if hidden:
+        out.append({"pid": None, "program": "?", "user": "another user", "created": None, "kind": "unknown"})
+    return out
+
+
+def holder_text(service: Service, doc: Mapping[str, Any]) -> str:
+    """One holder of :func:`holders` in words: ``a ddp-lab lighthouse of this checkout (supervisor pid
+    12, no pidfile)``, ``... of another checkout (state folder /x/runs/.rdzv)``, ``nginx (pid 7, user
+    www)``."""
+    if doc["kind"] == "unknown":
+        if doc.get("pid") is None:
+            return "a process of another user (not visible to this one)"
+        return f"{doc['program']} (pid {doc['pid']}, user {doc['user']}), not a ddp-lab {service.label}"
+    sup = (f"supervisor pid {doc['supervisor_pid']}" if doc.get("supervisor_pid")
+           else f"pid {doc['server_pid']}, its supervisor gone")
+    if doc["kind"] == "ours":
+        return f"a ddp-lab {service.label} of this checkout ({sup}) with no pidfile"
+    where = (f"state folder {doc['state_dir']}" if doc.get("state_dir") else f"venv {doc.get('venv') or '?'}")
+    run = f"; serving run {doc['run_id']}" if doc.get("run_id") else ""
+    return f"a ddp-lab {service.label} of another checkout ({where}; {sup}{run})"
 
 
 # --------------------------------------------------------------------------- supervise
@@ -237,9 +382,11 @@ def start(service: Service, host: str, port: int, state_dir: Path, argv: Sequenc
     if state is not None:  # stale pidfile
         pidfile.unlink(missing_ok=True)
     if not port_free(port):
+        found = holders(service, port, state_dir)
+        what = "; ".join(holder_text(service, h) for h in found) or "another program"
         raise ServiceError(
-            f"port {port} on this host is held by another program: free it or choose another "
-            f"{service.port_setting}",
+            f"port {port} on this host is held by {what}: free it (python -m {service.module} stop"
+            f" --port {port} stops one of this checkout's) or choose another {service.port_setting}",
             code=2,
         )
     env = dict(os.environ)
@@ -273,43 +420,109 @@ def _wait_ping(service: Service, host: str, port: int, wait_s: float,
         time.sleep(0.3)
 
 
-def stop(service: Service, port: int, state_dir: Path, wait_s: float = 15.0, check: bool = False
-         ) -> dict[str, Any]:
-    """Terminate the supervisor of ``service`` on ``port`` (SIGTERM, then SIGKILL of what is left).
-
-    ``changed: False`` when none was running. ``check``: stop nothing, touch no file, and say
-    what would be stopped (``changed`` True and ``supervisor_pid`` when one runs), as
-    ``ansible-playbook --check`` (reset.yml) lists it.
-    """
-    state = read_state(service, state_dir, port)
-    pidfile, _ = service.paths(state_dir, port)
-    if check:
-        if not alive(state):
-            return {"changed": False, "running": False, "port": port, "check": True}
-        assert state is not None
-        return {"changed": True, "running": True, "port": port, "check": True,
-                "supervisor_pid": state.supervisor_pid}
-    if not alive(state):
-        pidfile.unlink(missing_ok=True)
-        return {"changed": False, "running": False, "port": port}
-    assert state is not None
-    sup = psutil.Process(state.supervisor_pid)
-    children = sup.children(recursive=True)
-    sup.terminate()
-    _, left = psutil.wait_procs([sup, *children], timeout=wait_s)
+def _terminate(pid: int, wait_s: float) -> None:
+    """SIGTERM to ``pid`` (a supervisor, or a server without one), then SIGKILL of what is left of
+    it and its children after ``wait_s``."""
+    try:
+        top = psutil.Process(pid)
+        procs = [top, *top.children(recursive=True)]
+        top.terminate()
+    except psutil.NoSuchProcess:
+        return
+    _, left = psutil.wait_procs(procs, timeout=wait_s)
     for p in left:
         with contextlib.suppress(psutil.Error):
             p.kill()
     psutil.wait_procs(left, timeout=5)
-    pidfile.unlink(missing_ok=True)
-    return {"changed": True, "running": False, "port": port}
+
+
+def _left_note(service: Service, port: int, state_dir: Path, doc: Mapping[str, Any]) -> str:
+    """Why stop leaves what holds ``port`` (a holder of :func:`holders` that is not ``ours``)."""
+    what = holder_text(service, doc)
+    if doc["kind"] == "other":
+        where = f" --state-dir {doc['state_dir']}" if doc.get("state_dir") else ""
+        return (f"{service.label} on port {port} left running: it is {what}, not this state folder's"
+                f" ({state_dir}); fix: stop it from that checkout"
+                f" (python -m {service.module} stop --port {port}{where})")
+    return (f"port {port} is held by {what}: nothing was stopped; fix: stop that program, or choose another"
+            f" {service.port_setting}")
+
+
+def stop(service: Service, port: int, state_dir: Path, wait_s: float = 15.0, check: bool = False
+         ) -> dict[str, Any]:
+    """Terminate the supervisor of ``service`` on ``port`` (SIGTERM, then SIGKILL of what is left).
+
+    The supervisor of the pidfile in ``state_dir``; without one (the pidfile gone while it runs),
+    the one found by what listens on ``port`` (:func:`holders`) when it is this state folder's (or
+    serves from this venv with its supervisor gone): ``note`` says so. Another checkout's service
+    or another program on the port is left, with ``note`` saying why and what to do (``owner``
+    ``other`` for another checkout's; ``running`` False: this checkout's service does not run, as
+    :func:`status` says). ``changed: False`` when none was stopped. ``check``: stop nothing,
+    touch no file, and say what would be stopped (``changed`` True and ``supervisor_pid`` when one
+    runs), as ``ansible-playbook --check`` (reset.yml) lists it.
+    """
+    state = read_state(service, state_dir, port)
+    pidfile, _ = service.paths(state_dir, port)
+    if alive(state):
+        assert state is not None
+        if check:
+            return {"changed": True, "running": True, "port": port, "check": True,
+                    "supervisor_pid": state.supervisor_pid}
+        _terminate(state.supervisor_pid, wait_s)
+        pidfile.unlink(missing_ok=True)
+        service.run_path(state_dir, port).unlink(missing_ok=True)
+        return {"changed": True, "running": False, "port": port}
+    found = holders(service, port, state_dir)
+    ours = [h for h in found if h["kind"] == "ours"]
+    out: dict[str, Any] = {"changed": False, "running": False, "port": port}
+    if check:
+        out["check"] = True
+    if ours:
+        what = "; ".join(holder_text(service, h) for h in ours)
+        if check:
+            return {**out, "changed": True, "running": True, "supervisor_pid": ours[0].get("supervisor_pid"),
+                    "note": f"would stop {what}, found by its port {port}"}
+        for h in ours:
+            _terminate(h.get("supervisor_pid") or h["server_pid"], wait_s)
+        pidfile.unlink(missing_ok=True)
+        service.run_path(state_dir, port).unlink(missing_ok=True)
+        return {**out, "changed": True, "note": f"stopped {what}, found by its port {port}"}
+    if not check:
+        pidfile.unlink(missing_ok=True)
+    if found:
+        other = {"owner": "other"} if any(h["kind"] == "other" for h in found) else {}
+        return {**out, **other, "note": "; ".join(_left_note(service, port, state_dir, h) for h in found)}
+    return out
 
 
 def status(service: Service, port: int, state_dir: Path, host: str | None = None) -> dict[str, Any]:
     """The service's state: ``running`` (supervisor alive), ``answering`` (``service.ping``),
-    host, port, supervisor and server pids, restarts, start time (unix s), log path."""
+    host, port, supervisor and server pids, restarts, start time (unix s), log path, ``run_id``
+    (the run it serves by its run record, :func:`served_run`; None: not known).
+
+    Without a live pidfile, what listens on ``port`` (:func:`holders`): this checkout's
+    ``service`` there (``ours``: this state folder's, or this venv's with its supervisor gone) is
+    ``running`` with ``recorded`` False, ``owner`` ``ours`` and ``note`` (whose it is). Anything
+    else there is not this checkout's service: ``running`` False and ``held_by`` (whose it is:
+    another checkout's ddp-lab service, ``owner`` ``other``, or another program), so a port that
+    serves never reads stopped, and another checkout's service never reads as this one's.
+    """
     state = read_state(service, state_dir, port)
     if not alive(state):
+        found = holders(service, port, state_dir)
+        ours = [h for h in found if h["kind"] == "ours"]
+        if ours:
+            h = ours[0]
+            where = host or h.get("host") or "127.0.0.1"
+            return {"running": True, "answering": service.ping(where, port, 3.0), "port": port,
+                    "host": h.get("host") or where, "supervisor_pid": h.get("supervisor_pid"),
+                    "server_pid": h.get("server_pid"),
+                    "restarts": None, "started_at": h.get("created"), "log": "", "recorded": False,
+                    "owner": h["kind"], "note": holder_text(service, h), "run_id": h.get("run_id")}
+        if found:
+            held = {"running": False, "answering": False, "port": port,
+                    "held_by": "; ".join(holder_text(service, h) for h in found)}
+            return {**held, "owner": "other"} if any(h["kind"] == "other" for h in found) else held
         return {"running": False, "answering": False, "port": port}
     assert state is not None
     return {
@@ -322,6 +535,8 @@ def status(service: Service, port: int, state_dir: Path, host: str | None = None
         "restarts": state.restarts,
         "started_at": state.started_at,
         "log": state.log,
+        "recorded": True,
+        "run_id": served_run(service, state_dir, port, state.supervisor_pid, state.supervisor_ctime),
     }
 
 
@@ -340,7 +555,8 @@ def cli(
     | None = None,
     describe: Callable[[dict[str, Any]], dict[str, Any]] = lambda out: out,
 ) -> int:
-    """The ``start|stop|status`` CLI of a supervised service; returns the exit code.
+    """The ``start|stop|status|serves`` CLI of a supervised service; returns the exit code
+    (``serves --run-id R``: :func:`record_run`).
 
     ``start_argv(args)``: the service's command for ``start`` (host and port in ``args``);
     ``add_start_args``: its own options of ``start``; ``extra``: more subcommands, name ->
@@ -350,10 +566,12 @@ def cli(
     p = argparse.ArgumentParser(prog=f"python -m {service.module}", description=description)
     sub = p.add_subparsers(dest="cmd", required=True)
     extra = extra or {}
-    for name in ("start", "stop", "status", *extra):
+    for name in ("start", "stop", "status", "serves", *extra):
         sp = sub.add_parser(name)
         sp.add_argument("--port", type=int, default=default_port)
-        if name != "stop":
+        if name == "serves":
+            sp.add_argument("--run-id", required=True, help=f"the run the {service.label} now serves")
+        if name not in ("stop", "serves"):
             sp.add_argument("--host", required=name != "status", default=None)
         if name not in extra:
             sp.add_argument("--state-dir", type=Path, default=Path(DEFAULT_STATE_DIR))
@@ -380,6 +598,9 @@ def cli(
             return 0
         if args.cmd == "stop":
             print(json.dumps(stop(service, args.port, args.state_dir, check=args.check)))
+            return 0
+        if args.cmd == "serves":
+            print(json.dumps(record_run(service, args.port, args.state_dir, args.run_id)))
             return 0
         out = status(service, args.port, args.state_dir, args.host)
         print(json.dumps(describe(out)))

@@ -22,22 +22,27 @@ from ddplab.controller.rundir import (
     RunFolder,
     cut_off_nodes,
     group_starts,
-    run_outcome,
     world_size_at,
     world_size_timeline,
 )
 from ddplab.controller.summary import cut_off_line, final_evaluation, measure_faults
-from ddplab.faults import LAUNCH_WORDS, STOP_KIND, interim_text, is_per_step, path_text, world_size_path
+from ddplab.engines import replica_groups
+from ddplab.faults import interim_text, is_per_step, path_text, world_size_path
 from ddplab.faults import step_at as fault_step_at
 from ddplab.records import as_int, by_time, num
+from ddplab.runstate import LAUNCH_WORDS, OUTCOME_WORDS, STOP_KIND, run_outcome
 
 RESTART_GAP_S = 20.0  # step records of one run of a step are closer than this
 Record = dict[str, Any]
 
 
 def engine(run: RunFolder) -> str:
-    """The run's recovery engine: ``per_step`` when its records come from the torchft engine
-    (:func:`ddplab.faults.is_per_step`), else ``torchelastic``."""
+    """The run's recovery engine: the one its records name (the newest ``start`` record's
+    ``engine``; a replica-group engine's records: :func:`ddplab.faults.is_per_step`), else
+    ``torchelastic``."""
+    named = [r.get("engine") for r in run.by_event("start") if r.get("engine")]
+    if named:
+        return str(named[-1])
     return "per_step" if is_per_step(run.records) else "torchelastic"
 
 
@@ -95,7 +100,7 @@ def restarts(run: RunFolder) -> list[Restart]:
     """The group's (re)starts (:func:`ddplab.controller.rundir.group_starts`: one per rank-0
     ``start`` record); under per_step each replica's worker starts (:class:`ReplicaStart`: every
     replica is rank 0 of its own group of 1, so its launch is no group restart)."""
-    if engine(run) != "per_step":
+    if not replica_groups(engine(run)):
         return group_starts(run.records)
     out: list[Restart] = []
     seen: set[str] = set()
@@ -226,6 +231,45 @@ def fault_step(run: RunFolder, f: Fault) -> int | None:
 
 
 @dataclass(frozen=True)
+class Rebalance:
+    """How balanced batches followed a fault: the step the fault hit (``at_step``; ``what``: the
+    fault, or its end for a throttle that ended) and the first new plan after it (``plan_step``,
+    None: none by the run's last step record; ``reason``; ``shares``: host -> samples)."""
+
+    what: str
+    at_step: int
+    plan_step: int | None
+    reason: str | None
+    shares: dict[str, int]
+
+    @property
+    def steps(self) -> int | None:
+        """Steps from the fault to the new plan."""
+        return None if self.plan_step is None else self.plan_step - self.at_step
+
+
+def rebalances(run: RunFolder, fl: Sequence[Fault], gain: straggler.BalanceGain | None) -> list[Rebalance]:
+    """For each fault of a balanced run, and for the end of each throttle: the first plan after
+    the step it hit (``speed`` or ``group``; ``calibrated`` counts after a restart)."""
+    if gain is None:
+        return []
+    plans = [p for p in gain.plans if p.reason != "start"]
+    points = []
+    for f in fl:
+        if (s := fault_step(run, f)) is not None:
+            points.append((f"{f.mode} {f.node}", s))
+        if f.mode == "throttle" and f.time is not None and f.duration_s and (
+                end := step_at(run, f.time + f.duration_s)) is not None and end > (s or -1):
+            points.append((f"end of throttle {f.node}", end))
+    out = []
+    for what, at in points:
+        nxt = next((p for p in plans if p.step > at), None)
+        out.append(Rebalance(what, at, nxt and nxt.step, nxt and nxt.reason,
+                             {h: n for (h, _), n in sorted(nxt.shares.items())} if nxt else {}))
+    return out
+
+
+@dataclass(frozen=True)
 class InterimSegment:
     """An interim group a fault's recovery passed through (:func:`ddplab.faults.measure`'s
     ``interim_groups``): from ``start`` to ``end`` (unix s) at ``world_size`` on ``hosts``, training
@@ -309,7 +353,7 @@ def progress_records(run: RunFolder) -> list[Record]:
     0) or, under per_step, every replica's (each replica is rank 0 of its own group)."""
     steps = [r for r in run.by_event("step") if r.get("committed") is not False
              and as_int(r.get("step")) is not None and num(r.get("time")) is not None]
-    if engine(run) != "per_step":
+    if not replica_groups(engine(run)):
         steps = [r for r in steps if as_int(r.get("rank")) == 0] or steps
     return by_time(steps)  # type: ignore[return-value]
 
@@ -534,6 +578,57 @@ def per_world_size(run: RunFolder) -> list[WorldSizeRow]:
     return rows
 
 
+@dataclass
+class WireRow:
+    """Bytes on the wire of one node at one world size under one gradient compression: means per
+    step (bytes) over the ``steps`` steps its step records counted (ddplab.wire)."""
+
+    host: str
+    world_size: int
+    engine: str
+    grad_compression: str
+    steps: int
+    nic: str | None
+    sent: float | None
+    recv: float | None
+    model: float | None
+
+    @property
+    def ratio(self) -> float | None:
+        """NIC-sent bytes over the ring model's (headers and other traffic make it above 1)."""
+        return self.sent / self.model if self.sent is not None and self.model else None
+
+
+def wire_rows(run: RunFolder) -> list[WireRow]:
+    """One :class:`WireRow` per (host, world size, grad_compression) of the step records of each
+    node's first worker (local rank 0) that carry byte counts: ``sent``/``recv`` the NIC's bytes
+    per step, weighted by each record's ``nic_steps``; ``model`` the ring model's
+    ``wire_model_bytes`` over the same records. Records of older runs (no ``wire_model_bytes``)
+    are left out."""
+    runs_engine = engine(run)
+    groups: dict[tuple[str, int, str], list[Record]] = defaultdict(list)
+    for (host, local), recs in step_series(run).items():
+        if local != 0:  # the NIC is the node's: its first worker's records count it
+            continue
+        for r in recs:
+            if num(r.get("wire_model_bytes")) is not None and isinstance(r.get("world_size"), int):
+                groups[(str(host), r["world_size"], str(r.get("grad_compression") or "none"))].append(r)
+    rows = []
+    for (host, ws, comp), recs in sorted(groups.items()):
+        counted = [r for r in recs
+                   if num(r.get("nic_sent_bytes")) is not None and (as_int(r.get("nic_steps")) or 0) > 0]
+        weight = sum(as_int(r["nic_steps"]) for r in counted)
+
+        def mean(key: str, counted=counted, weight=weight) -> float | None:
+            return sum(float(r[key]) * as_int(r["nic_steps"]) for r in counted) / weight if weight else None
+
+        model = statistics.fmean(float(r["wire_model_bytes"]) for r in (counted or recs))
+        rows.append(WireRow(host, ws, str(recs[-1].get("engine") or runs_engine), comp, weight,
+                            next((r.get("nic") for r in counted if r.get("nic")), None),
+                            mean("nic_sent_bytes"), mean("nic_recv_bytes"), model))
+    return rows
+
+
 def time_span(run: RunFolder) -> tuple[float, float]:
     """(first, last) unix time of the metrics records; of the events when there are no records;
     (now, now) when there is neither."""
@@ -546,12 +641,9 @@ def time_span(run: RunFolder) -> tuple[float, float]:
 def run_status(run: RunFolder, fl: Sequence[Fault],
                findings: Sequence[straggler.StragglerFinding], live: bool = False) -> tuple[str, str]:
     """(status text, css class ok|warn|bad) of the run: running (``live``), else its
-    :func:`ddplab.controller.rundir.run_outcome` (finished, stopped, failed, incomplete, no metrics)."""
+    :func:`ddplab.runstate.run_outcome` in the words of :data:`ddplab.runstate.OUTCOME_WORDS`."""
     outcome = run_outcome(run.records, run.events)
-    status, status_class = {
-        "finished": ("finished", "ok"), "no metrics": ("no metrics", "bad"), "failed": ("failed", "bad"),
-        "stopped": ("stopped by stop.yml", "warn"), "incomplete": ("incomplete (no end record)", "warn"),
-    }[outcome]
+    status, status_class = OUTCOME_WORDS[outcome]
     if live and outcome in ("incomplete", "failed"):  # a failure record mid-run: the group restarts
         status, status_class = "running", "ok"
     elif not live and run.summary.get("outcome") == "running":  # collect_snapshot: taken while it ran
@@ -562,6 +654,9 @@ def run_status(run: RunFolder, fl: Sequence[Fault],
         status, status_class = f"finished, {len(fl)} fault(s) survived", "ok"
     if outcome == "finished":  # per_step: a laptop cut off from the group that finished it
         status += "".join(f"; {cut_off_line(c)}" for c in cut_off_nodes(run.per_host, run.events))
+    if not live and run.summary.get("unread"):  # collect could not read every trainer
+        status += f"; PARTIAL: {', '.join(run.summary['unread'])} not read (collect again when it is back)"
+        status_class = "warn" if status_class == "ok" else status_class
     if findings:
         status_class = "warn" if status_class == "ok" else status_class
     return status, status_class

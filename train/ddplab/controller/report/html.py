@@ -21,15 +21,18 @@ from ddplab.controller.report.data import (
     first_set,
     no_training_bands,
     per_world_size,
+    rebalances,
     restarts,
     run_status,
     start_line,
     time_span,
     train_loss,
+    wire_rows,
     ws_sequence,
 )
 from ddplab.controller.rundir import RunFolder
 from ddplab.controller.summary import launches, restarts_within_launches
+from ddplab.engines import replica_groups
 from ddplab.records import as_int, num
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -43,6 +46,16 @@ def environment() -> jinja2.Environment:
 
 def _fmt_s(v: float | None, digits: int = 1) -> str:
     return "—" if v is None else f"{v:.{digits}f} s"
+
+
+def _fmt_bytes(v: float | None) -> str:
+    """Bytes in decimal units (B, KB, MB, GB), three significant digits; "—" for None."""
+    if v is None:
+        return "—"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(v) >= size:
+            return f"{v / size:.3g} {unit}"
+    return f"{v:.0f} B"
 
 
 def _fmt_clock(t: float | None, t0: float) -> str:
@@ -72,10 +85,11 @@ def _fmt_loss(v: Any) -> str:
 
 def key_figures(run: RunFolder, rs: list[Restart], fl: list[Fault],
                 findings: list[straggler.StragglerFinding], t0: float, t1: float,
-                live: bool = False) -> list[tuple[str, str]]:
+                live: bool = False, gain: straggler.BalanceGain | None = None) -> list[tuple[str, str]]:
     """The figures shown as cards (label, value): summary.json values, else derived from the
-    metrics. The train loss is given twice, each labelled with its step: the last minibatch's
-    (what the progress lines and the loss plot show) and the evaluation estimate
+    metrics; ``gain``: :func:`ddplab.controller.straggler.balance_gain` of the run (None: off).
+    The train loss is given twice, each labelled with its step: the last minibatch's (what the
+    progress lines and the loss plot show) and the evaluation estimate
     (:class:`ddplab.controller.report.data.TrainLoss`)."""
     s = run.summary
     steps = [r["step"] for r in run.by_event("step") if isinstance(r.get("step"), int)]
@@ -114,8 +128,44 @@ def key_figures(run: RunFolder, rs: list[Restart], fl: list[Fault],
         ("model", _fmt_params(params)),
         ("tokens/s (max N)", f"{tok[-1]:,.0f}" if tok else "—"),
         ("stragglers", ", ".join(sorted({f.host for f in findings})) or "none"),
+        balance_figure(run, gain),
     ]
     return figures
+
+
+def balance_figure(run: RunFolder, gain: straggler.BalanceGain | None) -> tuple[str, str]:
+    """The batch balance card: off, or speed with what it gained (``gain``:
+    :func:`ddplab.controller.straggler.balance_gain` of the run)."""
+    start = run.by_event("start")[-1] if run.by_event("start") else {}
+    if gain is None:
+        return "batch balance", str(start.get("batch_balance") or "off")
+    return "batch balance", f"speed ({gain.gain:.0%} less waiting)" if gain.steps else "speed"
+
+
+def balance_section(run: RunFolder, fl: list[Fault], gain: straggler.BalanceGain | None
+                    ) -> dict[str, Any] | None:
+    """The straggler section's balanced batches (``gain``:
+    :func:`ddplab.controller.straggler.balance_gain` of the run): what balancing gained, each
+    node's share and speed, the plans (the last 30) and how each fault was re-balanced; None when
+    balancing is off."""
+    if gain is None:
+        return None
+    fastest = max((w.speed for w in gain.workers), default=0.0)
+    return {
+        "line": straggler.format_balance(gain),
+        "workers": [{"node": w.host + (f"/local{w.local_rank}" if w.local_rank else ""),
+                     "share": f"{w.share:g}", "speed": f"{w.speed:.1f}",
+                     "relative": f"{w.speed / fastest:.2f}" if fastest else "—"} for w in gain.workers],
+        "plans": [{"step": p.step, "reason": p.reason,
+                   "shares": ", ".join(f"{h}{f'/local{lr}' if lr else ''} {n}"
+                                       for (h, lr), n in sorted(p.shares.items()))}
+                  for p in gain.plans[-30:]],
+        "more_plans": max(0, len(gain.plans) - 30),
+        "faults": [{"what": r.what, "at": r.at_step, "plan": first_set(r.plan_step, "—"),
+                    "steps": first_set(r.steps, "—"), "reason": r.reason or "not re-planned",
+                    "shares": ", ".join(f"{h} {n}" for h, n in r.shares.items())}
+                   for r in rebalances(run, fl, gain)],
+    }
 
 
 def restarts_figure(run: RunFolder, rs: list[Restart]) -> tuple[str, str]:
@@ -123,7 +173,7 @@ def restarts_figure(run: RunFolder, rs: list[Restart]) -> tuple[str, str]:
     (:func:`ddplab.controller.summary.restarts_within_launches`) on the run's records, so the live
     and the final page and summary.json agree; without records, summary.json's value (else the
     non-initial starts of ``rs``)."""
-    what = ("replica processes started again" if engine(run) == "per_step" else "group re-formed")
+    what = ("replica processes started again" if replica_groups(engine(run)) else "group re-formed")
     if run.records:
         n = restarts_within_launches(run.records, run.events)
     else:
@@ -148,18 +198,32 @@ def live_banner(run: RunFolder, now: float | None = None) -> str:
     return f"live, {step}, updated {time.strftime('%H:%M:%S', time.localtime(now))}"
 
 
+def ended_banner(run: RunFolder) -> str:
+    """The banner of the page the watch leaves when it saw the job end (not collected yet): ``the
+    job ended: step S of M, last record HH:MM:SS; not collected yet: ansible-playbook
+    playbooks/collect.yml -e collect_run_id=<run id> writes the final report``."""
+    times = [t for r in run.records if (t := num(r.get("time"))) is not None]
+    when = time.strftime("%H:%M:%S", time.localtime(max(times))) if times else "?"
+    step = live_banner(run).split(", updated ")[0].removeprefix("live, ")
+    return (f"the job ended: {step}, last record {when}; not collected yet: ansible-playbook "
+            f"playbooks/collect.yml -e collect_run_id={run.run_id} writes the final report")
+
+
 def render_page(run: RunFolder, findings: list[straggler.StragglerFinding], plots: dict[str, str],
                 cpu_has: tuple[bool, bool], margin: float, window: int, clock_drop: float,
-                refresh_s: int | None = None) -> str:
+                refresh_s: int | None = None, ended: bool = False) -> str:
     """The report page (HTML text) of ``run``: key figures, recoveries, restarts, straggler
     findings, per-world-size figures, the generated sample and events, linking the ``plots``
     (name -> relative path).
 
     ``refresh_s``: a live page (the job runs): a banner (:func:`live_banner`) and a
     ``<meta http-equiv="refresh">`` of that many seconds; None: the final page, neither.
+    ``ended``: the page the watch leaves when the job ended, before collect: no reload, a banner
+    that says so (:func:`ended_banner`).
     """
     t0, t1 = time_span(run)
     rs, fl = restarts(run), faults(run)
+    gain = straggler.balance_gain(run.records)  # one pass over the records for the card and the section
     live = refresh_s is not None
     recoveries = []
     for f in fl:
@@ -183,6 +247,10 @@ def render_page(run: RunFolder, findings: list[straggler.StragglerFinding], plot
                "allreduce": "—" if w.allreduce_share is None else f"{w.allreduce_share:.0%}",
                "tokens": "—" if w.tokens_per_s is None else f"{w.tokens_per_s:,.0f}"}
               for w in per_world_size(run)]
+    wire = [{"host": w.host, "world_size": w.world_size, "mode": f"{w.engine} / {w.grad_compression}",
+             "nic": w.nic or "—", "steps": w.steps, "sent": _fmt_bytes(w.sent), "recv": _fmt_bytes(w.recv),
+             "model": _fmt_bytes(w.model), "ratio": "—" if w.ratio is None else f"{w.ratio:.2f}"}
+            for w in wire_rows(run)]
     bands = [{"from": _fmt_clock(b.start, t0), "seconds": f"{b.seconds:.1f}", "cause": b.cause,
               "steps": f"{b.from_step} → {b.to_step}", "label": b.label} for b in no_training_bands(run)]
     start_txt = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0))
@@ -191,14 +259,16 @@ def render_page(run: RunFolder, findings: list[straggler.StragglerFinding], plot
         subtitle=f"started {start_txt} · {len(run.metrics_files)} metrics file(s) · folder {run.path}",
         notes=run.notes, no_metrics=not run.by_event("step"), path=str(run.path),
         metrics_files=run.metrics_files, n_records=len(run.records),
-        key_figures=key_figures(run, rs, fl, findings, t0, t1, live), plots=plots, recoveries=recoveries,
-        refresh_s=refresh_s, banner=live_banner(run) if live else "", samples=distinct_samples(run.samples),
+        key_figures=key_figures(run, rs, fl, findings, t0, t1, live, gain), plots=plots,
+        recoveries=recoveries, refresh_s=refresh_s,
+        banner=live_banner(run) if live else (ended_banner(run) if ended else ""),
+        samples=distinct_samples(run.samples),
         restarts=[start_line(r, _fmt_clock(r.time, t0)) for r in rs],
         findings=[{"kind": f.kind.replace("_", " "), "host": f.host, "rank": f.rank,
                    "steps": f"{f.from_step}–{f.to_step}", "ratio": f"{f.ratio:.2f} ({f.worst_ratio:.2f})",
                    "text": straggler.format_finding(f)} for f in findings],
         margin_pct=f"{margin:.0%}", window=window, clock_pct=f"{clock_drop:.0%}",
-        per_ws=per_ws, cpu_has=cpu_has, events=events, made=time.strftime("%Y-%m-%d %H:%M:%S"),
-        engine=engine(run), bands=bands,
+        per_ws=per_ws, wire=wire, cpu_has=cpu_has, events=events, made=time.strftime("%Y-%m-%d %H:%M:%S"),
+        engine=engine(run), bands=bands, balance=balance_section(run, fl, gain),
         band_rule=band_rule(),
     )

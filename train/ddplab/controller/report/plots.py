@@ -31,6 +31,7 @@ from ddplab.controller.report.data import (
     world_size_points,
 )
 from ddplab.controller.rundir import RunFolder
+from ddplab.engines import replica_groups
 from ddplab.records import num
 
 
@@ -170,11 +171,20 @@ def _break_gaps(pts: list[tuple[int, float]], factor: float = 5.0) -> tuple[list
 
 
 def plot_step_time(run: RunFolder, findings: list[straggler.StragglerFinding], margin: float,
-                   out: Path) -> None:
+                   out: Path, fault_marks: Sequence[tuple[int, str]] = ()) -> None:
+    """Compute per rank and the step time, the straggler tail and, when the step records carry
+    ``batch_share``, each rank's share of the batch per step under it (re-plans dotted, faults
+    ``fault_marks`` (step, label) in red)."""
     plt = pyplot()
     series = step_series(run)
     colors = _worker_colors(series)
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(11, 6), sharex=True, height_ratios=[3, 2])
+    shares = {k: [(r["step"], n) for r in recs if (n := num(r.get("batch_share"))) is not None]
+              for k, recs in series.items()}
+    if any(shares.values()):
+        fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(11, 8.2), sharex=True, height_ratios=[3, 2, 2])
+    else:
+        fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(11, 6), sharex=True, height_ratios=[3, 2])
+        ax3 = None
     step_t: dict[int, float] = {}
     for (host, lr), recs in sorted(series.items()):
         pts = [(r["step"], c) for r in recs if (c := num(r.get("compute_s"))) is not None]
@@ -205,12 +215,43 @@ def plot_step_time(run: RunFolder, findings: list[straggler.StragglerFinding], m
     ratios = [1.0, 1 + margin] + [t.ratio for t in tail]
     ax2.set_ylim(min(ratios) * 0.97, max(ratios) * 1.15)
     ax2.set_ylabel("max / median")
-    ax2.set_xlabel("step")
+    if ax3 is None:
+        ax2.set_xlabel("step")
     ax2.set_title("Straggler tail (shaded: flagged straggler windows)", loc="left")
     ax2.legend(loc="upper right", fontsize=8)
+    if ax3 is not None:
+        plot_shares(ax3, series, shares, colors, fault_marks)
     fig.tight_layout()
     save(fig, out)
     plt.close(fig)
+
+
+def plot_shares(ax, series: dict[straggler.WorkerKey, list[dict]],
+                shares: dict[straggler.WorkerKey, list[tuple[int, float]]], colors: dict,
+                fault_marks: Sequence[tuple[int, str]]) -> None:
+    """Each rank's ``batch_share`` per step (a step line), the steps a new batch plan began
+    (``batch_plan``: dotted, labelled) and the faults (red)."""
+    for (host, lr), pts in sorted(shares.items()):
+        xs, ys = _break_gaps(pts)
+        ax.step(xs, ys, where="post", lw=1.4, color=colors[(host, lr)],
+                label=host + (f"/local{lr}" if lr else ""))
+    plans = sorted({(r["step"], str(r["batch_plan"])) for recs in series.values() for r in recs
+                    if r.get("batch_plan") and r.get("batch_plan") != "start"})
+    for step, why in plans:
+        ax.axvline(step, color="gray", ls=":", lw=1)
+        ax.text(step, 0.04, f" {why}", color="dimgray", fontsize=8, transform=ax.get_xaxis_transform())
+    for step, label in fault_marks:
+        ax.axvline(step, color="crimson", lw=1.5)
+        ax.text(step, 0.96, f" {label}", color="crimson", fontsize=8.5, va="top",
+                transform=ax.get_xaxis_transform())
+    top = max((v for pts in shares.values() for _, v in pts), default=1)
+    ax.set_ylim(0, top * 1.25)
+    ax.set_ylabel("samples per step")
+    ax.set_xlabel("step")
+    balanced = any(isinstance(r.get("batch_shares"), list) for recs in series.values() for r in recs)
+    ax.set_title("Batch share per rank (" + ("balanced by speed: batch_balance speed; dotted: a new plan"
+                                             if balanced else "equal: batch_balance off") + ")", loc="left")
+    ax.legend(loc="upper right", fontsize=8, ncols=4)
 
 
 #: band colour per cause (data.BAND_CAUSES)
@@ -275,7 +316,7 @@ def plot_world_size(run: RunFolder, fl: list[Fault], rs: list[Restart], tx: Time
     ax.set_ylim(0, top + 1.4)
     ax.set_yticks(range(0, top + 1))
     ax.set_xlabel(tx.label)
-    per_step = engine(run) == "per_step"  # participants of each committed step, no group restart
+    per_step = replica_groups(engine(run))  # participants of each committed step, no group restart
     ax.set_ylabel("participants" if per_step else "world size")
     ax.set_title(f"{'Participants' if per_step else 'World size'} over time, engine {engine(run)} "
                  f"(red line: fault, orange: {'process started' if per_step else 'restart'}; "
@@ -366,7 +407,8 @@ def draw_all(run: RunFolder, findings: list[straggler.StragglerFinding], margin:
     t0, t1 = time_span(run)
     rs, fl = restarts(run), faults(run)
     plot_loss(run, fl, rs, plots_dir / "loss.png")
-    plot_step_time(run, findings, margin, plots_dir / "step_time.png")
+    marks = [(s, f"{f.mode} {f.node}") for f in fl if (s := fault_step(run, f)) is not None]
+    plot_step_time(run, findings, margin, plots_dir / "step_time.png", marks)
     tx = TimeAxis.for_span(t0, t1)
     plot_world_size(run, fl, rs, tx, plots_dir / "world_size.png")
     cpu_has = plot_cpu(run, tx, plots_dir / "cpu.png")

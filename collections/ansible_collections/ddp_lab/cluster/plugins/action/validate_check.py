@@ -1,0 +1,994 @@
+"""Action plugin ``validate_check``: every check of the validate role in Python, each a check record.
+
+A record is ``{check, status, detail}``: ``status`` is ok | warn | fail | skip, ``detail`` one line
+(for a problem: ``<host>: <cause>; fix: <what to do>``). The tasks only gather what a check reads
+and pass it (``checks:``, a list of ``{check, args, skip}``); each check is a function of this
+module named like the check, called ``check(host, **args)`` (see its docstring), except:
+
+- ``rdzv_conf`` (``conf``, ``keys``), ``nnodes`` (``min``, ``max``, ``trainers``), ``disk``
+  (``df``, ``path``, ``min_free_mb``), ``route``, ``clock``, ``interface``, ``port``: named
+  arguments as in :meth:`ActionModule._one`;
+- ``versions``: ``pins`` (package -> the setting of its pinned version: python_env's
+  ``__python_env_pins``), ``defaults`` (python_env's defaults), ``prefix``, ``provision``, ``key``
+  (the host var holding each host's ``{python, <package>: version}``, default
+  ``__validate_versions``): every play host's is compared, and each with the pins;
+- ``unique_address``/``unique_name``: ``key`` (default ``__validate_address``/``__validate_hostname``),
+  compared across the play's hosts;
+- ``reach``: ``what`` (store | lighthouse), ``address``, ``port``, ``timeout_s``: a TCP connection
+  from the node (``ansible.builtin.wait_for`` run there);
+- ``become`` (no args; its task runs with ``become: true``): a module run with become and no
+  prompt; a password -K did not give is one line with the fix;
+- ``given``: ``specs``, ``hosts``, ``rules``, ``rdzv_keys``, ``governors``, ``trainers``, ``defaults``
+  (:func:`given`): the settings given, once, before any role starts (tasks/given.yml); which came
+  with -e is read from ansible-playbook's command line, the values from ``hostvars``.
+
+Where they run: the inventory (trainers, rendezvous, rendezvous_address, unique_hosts,
+unique_names) and the controller (dataset, port) in tasks/inventory.yml, controller.yml and
+port.yml; each trainer's settings (types, ranges, rdzv_conf, nnodes, train_config, engine,
+governor, torch_version) in tasks/main.yml; the node (reachable, route, hosts_file, launch, gloo,
+interface, clock, disk, unique_address, unique_name, versions, dpkg_lock, reach, become) in tasks/node.yml.
+The tasks add ``records`` to the host's ``__validate_results``, which ``tasks/verdict.yml`` reports.
+ddp_job's preflight runs the job's checks (ranges, engine, nnodes, rdzv_conf, versions, reach)
+through tasks/job.yml, so each check exists once.
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import json
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ansible.errors import AnsibleActionFail, AnsibleConnectionFailure, AnsibleError
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.module_utils.parsing.convert_bool import boolean
+from ansible.plugins.action import ActionBase
+from ansible.utils.vars import load_extra_vars
+from ansible_collections.ddp_lab.cluster.plugins.filter import validate as _filters
+from ansible_collections.ddp_lab.cluster.plugins.module_utils import interfaces as _interfaces
+from ansible_collections.ddp_lab.cluster.plugins.module_utils import run_ids as _run_ids
+from ansible_collections.ddp_lab.cluster.plugins.module_utils.become import become_problem
+from ansible_collections.ddp_lab.cluster.plugins.module_utils.ssh import host_key_changed
+from ddplab.engines import LIGHTHOUSE_ENGINES
+
+PROVISION_FIX = "ansible-playbook site.yml --tags provision"
+
+
+def record(check: str, problem: str | None, ok_detail: str, status: str = "fail") -> dict:
+    """``{check, status, detail}``: ``status`` with ``problem`` as detail, else ok with ``ok_detail``."""
+    return {"check": check, "status": status if problem else "ok", "detail": problem or ok_detail}
+
+
+def _positive(value: Any) -> bool:
+    try:
+        return float(value) > 0
+    except (TypeError, ValueError):
+        return False
+
+
+def rdzv_conf(host: str, conf: Any, keys: Sequence[str]) -> dict:
+    """torchrun's ``--rdzv-conf``: only keys torch reads, every value a positive number (s or count).
+    ok detail: the argument as passed (``k=v,...``)."""
+    good = isinstance(conf, Mapping) and not set(conf) - set(keys) and all(map(_positive, conf.values()))
+    problem = None if good else (
+        f"{host}: ddp_job_rdzv_conf {conf} has unknown keys or values that are not > 0; fix: use keys among "
+        f"{', '.join(keys)} with positive numbers (seconds or counts)")
+    return record("rdzv_conf", problem, ",".join(f"{k}={v}" for k, v in (conf or {}).items()) if good else "")
+
+
+def nnodes(host: str, nmin: Any, nmax: Any, trainers: int) -> dict:
+    """torchrun's elastic range ``--nnodes MIN:MAX``: 1 <= MIN <= MAX <= the trainers that exist."""
+    lo, hi = int(nmin), int(nmax)
+    if lo < 1:
+        problem = (f"{host}: ddp_job_nnodes_min={nmin} must be at least 1; fix: set ddp_job_nnodes_min"
+                   " to the fewest nodes the job may continue with (1 by default)")
+    elif lo > hi:
+        problem = (f"{host}: ddp_job_nnodes_min={nmin} is larger than ddp_job_nnodes_max={nmax} "
+                   "(torchrun --nnodes MIN:MAX); fix: set MIN <= MAX")
+    elif hi > int(trainers):
+        problem = (f"{host}: ddp_job_nnodes_max={nmax} but the inventory has {trainers} trainer(s):"
+                   " MAX counts nodes that exist;"
+                   f" fix: set ddp_job_nnodes_max to at most {trainers} (the default)")
+    else:
+        problem = None
+    return record("nnodes", problem, f"--nnodes {nmin}:{nmax} with {trainers} trainer(s)")
+
+
+def _base(version: Any) -> str:
+    """A version without its local part (``2.13.0+cpu`` -> ``2.13.0``): the CPU build is the pin."""
+    return str(version).split("+", 1)[0]
+
+
+def _env_text(found: Mapping[str, Any], names: Sequence[str]) -> str:
+    """``Python 3.11.2, torch 2.13.0, numpy 2.4.6, ...`` of a venv probe (``-`` for one not installed)."""
+    return ", ".join([f"Python {found.get('python', '?')}"]
+                     + [f"{n} {found.get(n) if found.get(n) is not None else '-'}" for n in names])
+
+
+def venv_versions(found: Any) -> dict | None:
+    """``{python, <package>: version}`` of a venv probe: ``{python, packages: {name: version}}``
+    (validate's ``__validate_versions_probe``, ddp_job's preflight: every distribution of the venv)
+    or already flat (python_env_versions); names normalised as pip does (lower case, ``_`` -> ``-``).
+    None for no venv."""
+    if not isinstance(found, Mapping):
+        return None
+    packages = found.get("packages") if isinstance(found.get("packages"), Mapping) else {
+        k: v for k, v in found.items() if k not in ("python", "cores")}
+    out = {str(k).lower().replace("_", "-"): v for k, v in packages.items()}
+    return {**out, "python": found.get("python")}
+
+
+def versions(host: str, everyone: Mapping[str, Any], pins: Mapping[str, Any], prefix: str,
+             provision: bool) -> dict:
+    """The same Python and every pinned package of the node venv on every trainer (mismatches hang
+    silently in the first collective, pytorch #174917, or train with other numerics), each as
+    pinned. ``everyone``: ``{host: {python, <package>: version | None, ...} | None}`` (a venv probe,
+    :data:`VERSIONS_PROBE`); ``pins``: ``{package: pinned version}`` (python_env's pins,
+    roles/python_env/vars/main.yml ``__python_env_pins``; a version '' is not compared). A
+    difference between trainers fails (warns when this run provisions, which reinstalls them); a
+    package not as pinned fails (warns when provisioning)."""
+    mine = everyone.get(host)
+    names = list(pins)
+    if mine is None:
+        if provision:
+            detail = ("not provisioned yet (no training venv): the provisioning installs "
+                      + ", ".join(f"{n} {v}" for n, v in pins.items()))
+            return {"check": "versions", "status": "skip", "detail": detail}
+        problem = f"{host}: no training venv ({prefix}); fix: provision it ({PROVISION_FIX})"
+        return record("versions", problem, "")
+    fix_all = (f"fix: re-run the provisioning ({PROVISION_FIX} --limit {host}) so that every node has the"
+               " pinned packages")
+    known = {h: json.dumps({k: (_base(v) if k in names else v) for k, v in sorted(e.items())
+                            if k == "python" or k in names}) for h, e in everyone.items() if e is not None}
+    odd = _filters.odd_ones(known)
+    if host in odd["odd"]:
+        alike = [h for h in known if h not in odd["odd"]]
+        ref, others = everyone[alike[0]] if alike else json.loads(odd["reference"]), ", ".join(alike)
+        differ = [k for k in ["python", *names] if _base(mine.get(k)) != _base(ref.get(k))]
+        what = "; ".join(f"{'Python' if k == 'python' else k} {mine.get(k) or 'not installed'} here,"
+                         f" {ref.get(k) or 'not installed'} on {others}" for k in differ)
+        fix = "the provisioning of this run reinstalls them" if provision else fix_all
+        problem = (f"{host}: {what} ({prefix}): mismatched versions hang silently in the first"
+                   f" collective; {fix}")
+        return record("versions", problem, "", "warn" if provision else "fail")
+    wrong = [(n, mine.get(n), v) for n, v in pins.items() if str(v) and _base(mine.get(n)) != _base(v)]
+    if wrong:
+        what = ", ".join(f"{n} {got or 'not installed'} (pinned {want})" for n, got, want in wrong)
+        fix = ("the provisioning of this run installs the pins" if provision else
+               f"fix: provision ({PROVISION_FIX}), or set the pin (python_env_<package>_version) to the"
+               " installed version on every host")
+        problem = f"{host}: {what} in {prefix}; {fix}"
+        return record("versions", problem, "", "warn" if provision else "fail")
+    return record("versions", None, f"{_env_text(mine, names)} (same on every trainer, as pinned)")
+
+
+def pins_of(given: Mapping[str, Any], settings: Mapping[str, str], defaults: Mapping[str, Any]
+            ) -> dict[str, str]:
+    """``{package: version}``: each pinned package's setting (``settings``: package -> the setting
+    of its version, python_env's ``__python_env_pins``) as the host sets it (``given``: setting ->
+    value, rendered), else python_env's default (``defaults``)."""
+    out = {}
+    for package, setting in settings.items():
+        value = given.get(setting, defaults.get(setting, ""))
+        out[str(package).lower().replace("_", "-")] = "" if value is None else str(value)
+    return out
+
+
+def route(host: str, target: str, rc: int, stderr: str, dev: Any, src: Any) -> dict:
+    """The node's route to the rendezvous address (``ip route get``: ``rc``, ``stderr``, and the
+    ``dev``/``src`` it names): there must be one, and not over loopback."""
+    if rc != 0:
+        why = (stderr or "").strip()
+        problem = (f"{host} has no route to the rendezvous host {target or '(no address)'} ({why});"
+                   " fix: plug in the cable and check rendezvous_address"
+                   " (an IPv4 address on the laptops' wired LAN)")
+    elif dev == "lo" or _filters.is_loopback(src):
+        problem = (f"{host} reaches the rendezvous address {target} over loopback ({dev}, source {src}):"
+                   " it holds that address itself, so gloo and the store would talk over loopback;"
+                   " fix: keep the rendezvous host off the trainers (the controller is the default)")
+    else:
+        problem = None
+    return record("route", problem,
+                  f"to {target} via {dev} from {src} (GLOO_SOCKET_IFNAME; --local-addr, DDPLAB_GLOO_ADDR)")
+
+
+def clock(host: str, measured: Mapping[str, Any], max_skew_s: Any) -> dict:
+    """The node's clock against the controller's (``measured``: ``validate_clock``'s ``offset_s``,
+    ``uncertainty_s``, ``beyond_s``): at most ``max_skew_s`` beyond the reading's uncertainty."""
+    offset = float(measured["offset_s"])
+    problem = None if float(measured["beyond_s"]) <= float(max_skew_s) else (
+        f"{host}: its clock is {abs(offset):.1f} s {'ahead of' if offset > 0 else 'behind'} the controller's"
+        f" (more than validate_clock_max_skew_s={max_skew_s}), which falsifies the timings ddp-lab measures"
+        " across nodes; fix: turn on time sync on every node and the controller"
+        " (sudo timedatectl set-ntp true)")
+    ok = f"offset {offset:+.3f} s (+/- {measured['uncertainty_s']} s) from the controller"
+    return record("clock", problem, ok)
+
+
+def interface(host: str, ifname: str, facts: Mapping[str, Any], route_dev: Any, address: Any) -> dict:
+    """``wired_network_ifname`` set in the inventory: an interface of the node (not a pattern, not
+    lo) whose IPv4 address is ``wired_network_address`` when that is set too (``address``; None
+    unset). ``facts``: the node's ``ansible_facts`` with the network subset."""
+    ifaces = sorted(facts.get("interfaces") or [])
+    # ansible-core's names: a VLAN's dot stays (module_utils/interfaces.py)
+    listed = _interfaces.interface_list_name(ifname) in ifaces
+    key = _interfaces.interface_fact_name(ifname)
+    if_addr = ((facts.get(key) or {}).get("ipv4") or {}).get("address", "") if listed else ""
+    if not listed:
+        pattern = (": GLOO_SOCKET_IFNAME takes interface names, not patterns like ^lo or eth*"
+                   if re.search(r"[\^*?,!\[ ]", ifname) else "")
+        problem = (f"{host}: wired_network_ifname '{ifname}' is not an interface of this node"
+                   f" (it has {', '.join(ifaces)}){pattern}; fix: set it to the wired interface"
+                   f" ({route_dev} routes to the rendezvous host) or remove it so that ddp-lab finds it")
+    elif ifname == "lo":
+        problem = (f"{host}: wired_network_ifname is lo, the loopback interface: gloo would talk to itself"
+                   f" only; fix: set it to the wired interface ({route_dev}) or remove it")
+    elif address is not None and address != if_addr:
+        problem = (f"{host}: wired_network_address {address} is not the address of {ifname}"
+                   f" ({if_addr or 'none'}); fix: set both to the wired interface and its address,"
+                   " or remove both so that ddp-lab finds them")
+    else:
+        problem = None
+    return record("interface", problem, f"wired_network_ifname {ifname} exists ({if_addr or 'no IPv4'})")
+
+
+def df_avail(stdout: str) -> dict:
+    """``{avail_mb, mount}`` of the first filesystem in ``df -P -B1 PATH...`` output (``avail_mb`` in
+    MiB, float). Raises ValueError when no filesystem line is present."""
+    for line in (stdout or "").splitlines()[1:]:
+        parts = line.split()
+        if len(parts) >= 6 and parts[3].isdigit():
+            return {"avail_mb": int(parts[3]) / 2**20, "mount": " ".join(parts[5:])}
+    raise ValueError(f"no filesystem in df output: {stdout!r}")
+
+
+def disk(host: str, df_stdout: str, path: str, min_free_mb: float) -> dict:
+    """Free space (MiB) on the filesystem that holds ``path`` (checkpoints) against ``min_free_mb``.
+
+    ``df_stdout``: ``df -P -B1`` of ``path`` and its parents (the first that exists answers). Not
+    ``ansible_facts.mounts``: it leaves out mounts whose device is no path, such as the overlay
+    root of a container, so a lab node would have no mount for the path."""
+    found = df_avail(df_stdout)
+    avail, mount = found["avail_mb"], found["mount"]
+    problem = None if avail >= float(min_free_mb) else (
+        f"{host}: only {int(avail)} MiB free on {mount}, where the checkpoints go ({path}), below "
+        f"validate_min_free_disk_mb={min_free_mb};"
+        " fix: free space there or set ddp_lab_base_dir to a folder on a larger disk")
+    return record("disk", problem, f"{int(avail)} MiB free on {mount} for {path}")
+
+
+REACH = {
+    "store": ("store_reach", "the rendezvous store", "the store",
+              "(ufw: the firewall role does it) and check rendezvous_address"),
+    "lighthouse": ("lighthouse_reach", "the torchft lighthouse", "the lighthouse",
+                   "(ufw: the firewall role does it) and check that the rendezvous play ran with "
+                   "ddp_job_fault_tolerance=per_step or diloco (set it for all hosts)"),
+}
+
+
+def reach(host: str, what: str, address: str, port: Any, timeout_s: Any, error: str | None) -> dict:
+    """A TCP connection from ``host`` to ``address:port`` (``error``: why it failed, None: it worked)."""
+    check, name, short, more = REACH[what]
+    endpoint = f"{address}:{port}"
+    problem = None if error is None else (
+        f"{host} cannot reach {name} at {endpoint} within {timeout_s} s ({error.strip()});"
+        f" fix: allow TCP {port} from the trainers' subnet in the rendezvous host's firewall {more}")
+    return record(check, problem, f"reaches {short} at {endpoint}")
+
+
+PORTS = {
+    # what: (check, setting, service, module)
+    "store": ("rendezvous_port", "rendezvous_port", "rendezvous store", "ddplab.controller.rdzv_store"),
+    "lighthouse": ("lighthouse_port", "rendezvous_lighthouse_port", "torchft lighthouse",
+                   "ddplab.controller.lighthouse"),
+}
+
+
+def port(what: str, host: str, address: str, number: Any, rc: int, state: Mapping[str, Any], stderr: str,
+         held: Sequence[str], holder: str, parent: str, state_dir: str) -> dict:
+    """The rendezvous host's port for the store (or the torchft lighthouse): free, or held by this
+    inventory's running service. ``rc``: exit code of ``python -m <module> status`` (-1: not run, the
+    setting is no port number; 0 running and answering, 1 running but not answering, 3 not running),
+    ``state`` its JSON; ``held``: addresses where something else accepts connections on the port;
+    ``holder``/``parent``: command lines of the holder and its parent process. Returns the record
+    plus ``up`` (this inventory's service runs there: the trainers' reach is checked then)."""
+    check, setting, service, module = PORTS[what]
+    kind = service.split()[-1]
+    where = f"{host}: TCP port {number}"
+    holder_dir = (parent.split("--state-dir ", 1)[1].split()[0] if "--state-dir " in parent else "")
+    problem = None
+    if rc == -1:
+        problem = (f"{where}: {setting} is not a TCP port number; fix: set {setting} to a free port in"
+                   " 1024-65535 (its default: roles/ddp_lab/defaults/main.yml)")
+    elif rc == 0 and state.get("host", "") != address:
+        problem = (f"{where} is held by a ddp-lab {kind} serving {state.get('host')} (another inventory's"
+                   f" job, pid {state.get('supervisor_pid', '?')}), so this job's {kind} cannot start;"
+                   " fix: stop it (ansible-playbook -i <that inventory> stop.yml)"
+                   f" or set {setting} to another free port")
+    elif rc == 1:
+        problem = (f"{where}: the ddp-lab {kind} supervisor runs (pid {state.get('supervisor_pid', '?')})"
+                   f" but the {kind} does not answer at {address}; fix: ansible-playbook stop.yml, then run"
+                   f" again ({kind} log: {state.get('log', state_dir)})")
+    elif rc == 3 and held:
+        if module in holder:
+            folder = holder_dir or "<its state folder>"
+            problem = (f"{where} is held by a ddp-lab {kind} this checkout does not manage ({holder};"
+                       f" state folder {holder_dir or 'unknown'}), e.g. one started from another checkout;"
+                       f" fix: stop it (python -m {module} stop --port {number} --state-dir {folder})"
+                       f" or set {setting} to another free port")
+        else:
+            problem = (f"{where} is in use by another program (it accepts connections at {held[0]}"
+                       f"{('; ' + holder) if holder else ''}), so the {service} cannot listen there;"
+                       f" fix: stop that program or set {setting} to a free port")
+    elif rc not in (0, 3):
+        lines = (stderr or "").splitlines()
+        why = state.get("error") or (lines[-1] if lines else f"exit code {rc}")
+        problem = (f"{host}: cannot read the {service}'s state: {why}; fix: check rendezvous_python"
+                   " (it needs torch and psutil) and rendezvous_state_dir")
+    ok = (f"{kind} running (supervisor pid {state.get('supervisor_pid', '?')}) at {address}:{number};"
+          " every trainer must reach it (checked on each)" if rc == 0 else
+          f"port {number} free on {host}; the {kind} starts with the job")
+    rec = record(check, problem, ok)
+    rec["up"] = rc == 0 and state.get("host", "") == address
+    return rec
+
+
+# ---- the inventory's shape (tasks/inventory.yml, on the controller) ------------------------------
+LAPTOPS_EXAMPLE = "see inventory/laptops/hosts.yml"
+
+
+def trainers(host: str, trainers: Sequence[str], group: str, sources: str) -> dict:
+    """At least one host in the trainers group (``trainers``: its hosts; ``sources``: the
+    inventory files, for the message)."""
+    problem = None if trainers else (
+        f"inventory {sources}: no host in the group '{group}'; fix: list the laptops under"
+        f" all.children.{group}.hosts ({LAPTOPS_EXAMPLE})")
+    return record("trainers", problem, f"{len(trainers)} trainer(s): {', '.join(trainers)}")
+
+
+def rendezvous(host: str, hosts: Sequence[str], group: str, sources: str) -> dict:
+    """Exactly one host in the rendezvous group (``hosts``)."""
+    if len(hosts) == 1:
+        return record("rendezvous", None, f"rendezvous host {hosts[0]}")
+    found = f"{len(hosts)} rendezvous hosts ({', '.join(hosts)})" if hosts else "no rendezvous host"
+    return record("rendezvous", (
+        f"inventory {sources}: {found}; fix: put exactly one host in the group '{group}' with"
+        " rendezvous_address set (the controller by default: ansible_connection: local,"
+        f" {LAPTOPS_EXAMPLE})"), "")
+
+
+def rendezvous_address(host: str, rendezvous_host: str, address: Any, targets: Mapping[str, str]) -> dict:
+    """The rendezvous host's ``rendezvous_address``: an IPv4 address, not loopback, not a trainer's
+    (``targets``: ``{trainer: ansible_host or name}``)."""
+    address = "" if address is None else str(address)
+    where = f"{rendezvous_host}: rendezvous_address"
+    if not _filters.is_ipv4(address):
+        problem = (f"{where} '{address}' is not an IPv4 address; fix: set it to the address the trainers"
+                   " reach this host at on the wired LAN")
+    elif _filters.is_loopback(address):
+        problem = (f"{where} {address} is a loopback address: every trainer would dial itself instead of the"
+                   " store; fix: set it to the controller's address on the laptops' wired LAN")
+    elif address in targets.values():
+        trainer = next(t for t, a in targets.items() if a == address)
+        problem = (f"{where} {address} is the address of trainer {trainer}: the store would live on a laptop"
+                   " whose loss ends the job; fix: use the controller's LAN address")
+    else:
+        problem = None
+    return record("rendezvous_address", problem, f"{rendezvous_host} at {address}")
+
+
+def unique_hosts(host: str, targets: Mapping[str, str]) -> dict:
+    """Every trainer a different machine (``targets`` as in :func:`rendezvous_address`)."""
+    shared = _filters.shared_values(dict(targets))
+    problem = None if not shared else (
+        f"{'; '.join(shared)} as ansible_host: one machine would run two agents;"
+        " fix: give each trainer its own address (or remove the duplicate)")
+    return record("unique_hosts", problem, "every trainer has its own ansible_host")
+
+
+def unique_names(host: str, trainers: Sequence[str]) -> dict:
+    """Trainer names that differ in more than letter case (they name folders: runs/<run_id>/<host>/)."""
+    problem = None if len({t.lower() for t in trainers}) == len(trainers) else (
+        f"trainers {', '.join(trainers)}: two names differ only in letter case, which collide in"
+        " runs/<run_id>/<host>/; fix: rename one")
+    return record("unique_names", problem, "trainer names are distinct")
+
+
+# ---- the controller's dataset (tasks/controller.yml) ---------------------------------------------
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def dataset(host: str, sha256: Any, src: str, cache: str, url: str, stat: Mapping[str, Any]) -> dict:
+    """The dataset on the controller: ``src`` (ddp_job_dataset_src; '' = the download cached at
+    ``cache``) exists, is a file and has ``sha256``; ``stat``: ``ansible.builtin.stat`` of that
+    file with ``checksum_algorithm: sha256``. A cache not filled yet is fine (the job downloads)."""
+    sha, src = str(sha256), str(src or "")
+    path = src or cache
+    exists, checksum = bool(stat.get("exists")), stat.get("checksum", "")
+    if not SHA256.fullmatch(sha):
+        problem = (f"controller: ddp_job_dataset_sha256 '{sha}' is not a sha256 (64 lowercase hex digits);"
+                   " fix: set it to the dataset's checksum (sha256sum FILE)")
+    elif src and not exists:
+        problem = (f"controller: the dataset ddp_job_dataset_src={src} does not exist; fix: point"
+                   f' ddp_job_dataset_src at a copy of the dataset (or set it to "" to download {url})')
+    elif exists and not stat.get("isreg"):
+        problem = (f"controller: the dataset {path} is not a file;"
+                   " fix: point ddp_job_dataset_src at the dataset file")
+    elif exists and checksum != sha:
+        fix = ("point ddp_job_dataset_src at an intact copy" if src else
+               "delete this cached copy to download it again")
+        problem = (f"controller: the dataset {path} has sha256 {checksum}, expected {sha}"
+                   f" (ddp_job_dataset_sha256); fix: {fix} (or set ddp_job_dataset_sha256 to the checksum"
+                   " of the dataset you mean)")
+    else:
+        problem = None
+    ok = (f"{path}: sha256 matches" if exists else
+          f"not cached yet: the job downloads {url} and checks its sha256")
+    return record("dataset", problem, ok)
+
+
+# ---- one trainer's settings (tasks/main.yml, on the controller) ----------------------------------
+# A release as pip accepts it in torch==X: 2.13.0, 2.13, 2.13.0+cpu, 2.14.0rc1 (PEP 440, the subset
+# torch publishes).
+TORCH_VERSION = re.compile(r"[0-9]+(\.[0-9]+){1,2}((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?"
+                           r"(\+[a-z0-9.]+)?")
+SETTINGS_FIX = "fix: correct it in the inventory, group_vars or -e"
+
+
+def types(host: str, errors: Sequence[Any], specs: Mapping[str, Any], given: int) -> list[dict]:
+    """The types of the settings given: ``errors`` are ``validate_argument_spec``'s
+    ``argument_errors`` against the roles' merged argument ``specs`` (``{role: parsed
+    meta/argument_specs.yml}``), ``given`` how many settings were set. One fail record per error,
+    with ``name`` (the variable, None when no known one is named) and a detail
+    ``host: <variable>: <error>; fix: give <variable> a <type> (roles/<role>/README.md) ...``;
+    else one ok record."""
+    owners, options = _filters.spec_owners(dict(specs)), _filters.spec_options(dict(specs))
+    failed = []
+    for error in errors or []:
+        text = " ".join(str(error).split())
+        name = next((n for n in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text) if n in owners), None)
+        if name is None:
+            detail = f"{host}: {text}; fix: correct the variable in the inventory, group_vars or -e"
+        else:
+            detail = (f"{host}: {name}: {text}; fix: give {name} a {_want(options[name])} "
+                      f"(roles/{owners[name]}/README.md) in the inventory, group_vars or -e")
+        failed.append({"check": "types", "status": "fail", "name": name, "detail": detail})
+    ok = f"{given} setting(s) given; their types match the roles' argument specs"
+    return failed or [record("types", None, ok)]
+
+
+def ranges(host: str, values: Mapping[str, Any], rules: Sequence[Mapping[str, Any]],
+           skip: Sequence[str] = ()) -> list[dict]:
+    """Numeric ranges on top of the types (``rules`` as in the filter ``validate_range_problems``;
+    ``skip``: names whose type check failed): one fail record per violation, else one ok record."""
+    problems = _filters.range_problems(dict(values), list(rules), list(skip))
+    return [record("ranges", f"{host}: {p}; {SETTINGS_FIX}", "") for p in problems] or [
+        record("ranges", None, "ports in 1024-65535; timeouts, intervals and counts in range")]
+
+
+def train_config(host: str, dataset_sha256: Any, overrides: Mapping[str, Any] | None = None,
+                 preset: Any = None, max_steps: Any = None, threads: Any = None,
+                 fault_tolerance: Any = None, sync_every: Any = None) -> dict:
+    """The run configuration as ddp_job writes it to run.json (paths, run id and, for an engine
+    under the lighthouse, its address as placeholders), judged by the training program's own rules
+    (``ddplab.config.build_config``); ``sync_every`` only with ``fault_tolerance`` diloco, as the
+    role writes it."""
+    config = {"run_id": "preflight", "out_dir": "/preflight", "data_path": "/preflight/input.txt",
+              "data_url": None, "data_sha256": dataset_sha256}
+    config.update({k: v for k, v in {"preset": preset, "max_steps": max_steps, "threads": threads}.items()
+                   if v is not None})
+    if fault_tolerance in LIGHTHOUSE_ENGINES:
+        config.update(fault_tolerance=fault_tolerance, ft_lighthouse="http://preflight:29510")
+        if fault_tolerance == "diloco" and sync_every is not None:
+            config["sync_every"] = sync_every
+    config.update(overrides or {})
+    error = _filters.train_config_error(config)
+    problem = None if not error else (
+        f"{host}: the training program refuses the run configuration: {error}; fix: correct"
+        " ddp_job_train_overrides / ddp_job_max_steps / ddp_job_preset / ddp_job_threads / ddp_job_sync_every"
+        " (keys and ranges: python -m ddplab.train --help, docs/training.md)")
+    return record("train_config", problem, "run.json accepted by ddplab.config")
+
+
+def engine(host: str, fault_tolerance: Any, worker_argv: Sequence[Any], nproc_per_node: Any,
+           grad_compression: Any = "none") -> dict:
+    """The recovery engine (``ddp_job_fault_tolerance``): torchelastic, or per_step / diloco, which
+    train ddplab.train with one worker per laptop (one torchft replica group each: no
+    ``ddp_job_worker_argv``, ``ddp_job_nproc_per_node`` 1) and average fp32 gradients (or
+    pseudo-gradients) themselves (``ddp_job_grad_compression`` none: the compressions are DDP hooks
+    of torchelastic)."""
+    groups = LIGHTHOUSE_ENGINES
+    good = fault_tolerance == "torchelastic" or (
+        fault_tolerance in groups and not worker_argv and str(nproc_per_node).strip() == "1")
+    problem = None if good else (
+        f"{host}: ddp_job_fault_tolerance={fault_tolerance} (worker argv {list(worker_argv or [])},"
+        f" nproc_per_node {nproc_per_node}); fix: torchelastic, or {' or '.join(groups)} with one"
+        " ddplab.train worker per laptop (one torchft replica group each): leave ddp_job_worker_argv"
+        " empty and ddp_job_nproc_per_node 1")
+    if good and fault_tolerance != "torchelastic" and grad_compression not in (None, "none"):
+        problem = (f"{host}: ddp_job_grad_compression={grad_compression} with ddp_job_fault_tolerance="
+                   f"{fault_tolerance}: the compressions are hooks of the torchelastic engine's DDP"
+                   f" all-reduce, {fault_tolerance} averages fp32 gradients itself; fix:"
+                   " ddp_job_grad_compression none, or ddp_job_fault_tolerance torchelastic")
+    return record("engine", problem, f"ddp_job_fault_tolerance {fault_tolerance}")
+
+
+def governor(host: str, governor: str, known: Sequence[str]) -> dict:
+    """``cpu_governor_governor`` names a Linux cpufreq governor (``known``)."""
+    problem = None if governor in known else (
+        f"{host}: cpu_governor_governor '{governor}' is not a Linux cpufreq governor;"
+        f" fix: use one of {', '.join(known)} (usually performance)")
+    return record("governor", problem, f"cpu_governor_governor {governor}")
+
+
+def torch_version(host: str, version: Any) -> dict:
+    """``python_env_torch_version`` is a release number (:data:`TORCH_VERSION`)."""
+    version = str(version)
+    problem = None if TORCH_VERSION.fullmatch(version) else (
+        f"{host}: python_env_torch_version '{version}' is not a version (like 2.13.0);"
+        " fix: set it to the torch release to install, without 'torch=='")
+    return record("torch_version", problem, f"python_env_torch_version {version}")
+
+
+# ---- the settings given, once, before any role starts (tasks/given.yml) ---------------------------
+EXTRA = "-e"
+# The checks of one trainer's settings and the settings each reads: check -> {its argument: the
+# variable}. The one home of their skip rules (:func:`left_out`), for tasks/main.yml (per host) and
+# :func:`given` (-e values, once); given judges a check that reads several settings only when every
+# one is given with -e or set on no host (so the role's default): then every host sees the same.
+SETTINGS = {
+    "rdzv_conf": {"conf": "ddp_job_rdzv_conf"},
+    "governor": {"governor": "cpu_governor_governor"},
+    "torch_version": {"version": "python_env_torch_version"},
+    "engine": {"fault_tolerance": "ddp_job_fault_tolerance", "worker_argv": "ddp_job_worker_argv",
+               "nproc_per_node": "ddp_job_nproc_per_node", "grad_compression": "ddp_job_grad_compression"},
+    "nnodes": {"min": "ddp_job_nnodes_min", "max": "ddp_job_nnodes_max"},
+    "train_config": {"dataset_sha256": "ddp_job_dataset_sha256", "overrides": "ddp_job_train_overrides",
+                     "preset": "ddp_job_preset", "max_steps": "ddp_job_max_steps",
+                     "threads": "ddp_job_threads", "sync_every": "ddp_job_sync_every"},
+}
+
+
+def left_out(check: str, bad_types: Sequence[str] = (), resume: bool = False,
+             inventory_ok: bool = True) -> bool:
+    """Whether a check of :data:`SETTINGS` is left out: one of the settings it reads failed its type
+    check (``bad_types``: its one line says so already); ``train_config`` on a resume (``resume``:
+    the run's configuration merged with these is judged by tasks/resume.yml); ``nnodes`` when the
+    inventory's shape failed or is not known (``inventory_ok`` false: MAX counts the trainers).
+    Checks not in :data:`SETTINGS` are never left out here."""
+    if set(SETTINGS.get(check, {}).values()) & set(bad_types or ()):
+        return True
+    return (check == "train_config" and bool(resume)) or (check == "nnodes" and not inventory_ok)
+
+
+def _want(option: Mapping[str, Any]) -> str:
+    want = option.get("type", "str")
+    if option.get("elements"):
+        want += f" of {option['elements']}"
+    if option.get("choices"):
+        want += " among " + ", ".join(map(str, option["choices"]))
+    return want
+
+
+def type_error(name: str, value: Any, option: Mapping[str, Any]) -> str:
+    """What Ansible's argument spec validation (``ArgumentSpecValidator``, the code behind
+    ``validate_argument_spec`` and a role's own check at its start) says of ``value`` for the
+    option ``name`` (one entry of a role's ``meta/argument_specs.yml``, defaults dropped): '' when
+    it is accepted, else its messages joined on one line."""
+    result = ArgumentSpecValidator({name: dict(option)}).validate({name: value})
+    return " ".join(" ".join(str(m).split()) for m in result.error_messages)
+
+
+def given(specs: Mapping[str, Any], hosts: Mapping[str, Mapping[str, Any]], extra: Mapping[str, Any],
+          rules: Sequence[Mapping[str, Any]] = (), rdzv_keys: Sequence[str] = (),
+          governors: Sequence[str] = (), trainers: int = 0, defaults: Mapping[str, Any] | None = None,
+          per_host_e: Sequence[str] = ()) -> list[dict]:
+    """The settings given, judged once on the controller before any role starts anywhere.
+
+    Args:
+        specs: ``{role: parsed meta/argument_specs.yml}`` of the roles whose settings are checked.
+        hosts: ``{host: {variable: value}}``, the settings each inventory host has from the
+            inventory (host_vars, group_vars), -e ones left out.
+        extra: ``{variable: value}`` given with -e (the same on every host).
+        rules, rdzv_keys, governors: as the checks ranges, rdzv_conf and governor take them.
+        trainers: how many trainers the inventory has (``ddp_job_nnodes_max``'s default).
+        defaults: the roles' defaults of the settings :data:`SETTINGS`'s checks read.
+        per_host_e: variables given with -e as a template each host renders its own way (in
+            ``hosts``, not ``extra``; named "-e, as rendered there" instead of "inventory").
+
+    Returns:
+        One fail record per problem, ``detail`` one line: an -e value once (``-e NAME=VALUE: ...``)
+        against its type, range and, where it is all a check reads, the check (ranges, rdzv_conf,
+        governor, torch_version, engine, nnodes, train_config); an inventory value of the wrong
+        type once for the hosts that share it (``t-a, t-b: NAME=VALUE (inventory): ...``); a value of
+        a run id variable (:data:`RUN_ID_VARS` of the ddp_lab filters) not of a run id's form. Else
+        one ok record.
+    """
+    owners, options = _filters.spec_owners(dict(specs)), _filters.spec_options(dict(specs))
+    failed: list[str] = []
+    bad: set[str] = set()
+
+    def typed(name: str, value: Any) -> str:
+        """'' or what is wrong with this value of ``name`` and the fix (its form for a run id,
+        else its type)."""
+        if name in _run_ids.RUN_ID_VARS:
+            problem = _run_ids.run_id_problem(value, name)
+            if problem:  # "<name> '<value>' is not a run id: <form>; fix: ..." without the name
+                return "not a run id: " + problem.split(" is not a run id: ", 1)[1]
+        if name not in options:
+            return ""
+        error = type_error(name, value, options[name])
+        want, role = _want(options[name]), owners[name]
+        return error and f"{error}; fix: give {name} a {want} (roles/{role}/README.md)"
+
+    for name in sorted(extra):
+        problem = typed(name, extra[name])
+        if problem:
+            bad.add(name)
+            failed.append(f"{EXTRA} {name}={extra[name]!r}: {problem}")
+    shared: dict[tuple[str, str, str], list[str]] = {}
+    for host, values in hosts.items():
+        for name in sorted(set(values) - set(extra)):
+            problem = typed(name, values[name])
+            if problem:
+                shared.setdefault((name, repr(values[name]), problem), []).append(host)
+    for (name, shown, problem), where in shared.items():
+        origin = "-e, as rendered there" if name in per_host_e else "inventory"
+        failed.append(f"{', '.join(where)}: {name}={shown} ({origin}): {problem}")
+
+    mine = {n: v for n, v in extra.items() if n not in bad}
+    records = [{"check": "given", "status": "fail", "detail": d} for d in failed]
+    found = [r for r in ranges(EXTRA, mine, rules) if r["status"] == "fail"]
+    set_somewhere = {n for values in hosts.values() for n in values}
+    resume = any(v.get("ddp_job_resume_run_id") for v in [extra, *hosts.values()])
+    fixed = {"rdzv_conf": {"keys": rdzv_keys}, "governor": {"known": governors},
+             "nnodes": {"trainers": trainers}}  # what the checks read besides the settings
+    for check, inputs in SETTINGS.items():
+        names = set(inputs.values())
+        if (not names & set(mine) or (names - set(extra)) & set_somewhere
+                or left_out(check, sorted(bad), resume, inventory_ok=bool(trainers))):
+            continue
+        args = {arg: mine[n] if n in mine else (defaults or {}).get(n) for arg, n in inputs.items()}
+        if check == "nnodes" and args["max"] is None:  # ddp_job_nnodes_max's default: the trainers
+            args["max"] = trainers
+        found.append(settings_check(EXTRA, check, {**args, **fixed.get(check, {})}))
+    records += [dict(r, check="given") for r in found if r["status"] == "fail"]
+    ok = f"{len(extra)} setting(s) given with -e, {len(set_somewhere)} in the inventory: accepted"
+    return records or [record("given", None, ok)]
+
+
+# ---- on the node (tasks/node.yml) -----------------------------------------------------------------
+def reachable(host: str, facts: Mapping[str, Any] | None, msg: str = "", lab: bool = False) -> dict:
+    """The node answered the fact gathering (``facts``: its ``ansible_facts``; None: it did not,
+    ``msg`` says why; a changed SSH host key in one line: module_utils.ssh; ``lab``: a lab node)."""
+    changed = host_key_changed(msg, lab) if facts is None else ""
+    if changed:
+        return record("reachable", f"{host}: {changed}", "")
+    if facts is None:
+        return record("reachable", (f"{host} does not answer ({(msg or '').strip()}); fix: power it on,"
+                                    " plug it into the switch and check ansible_host / SSH access"), "")
+    system = facts.get("distribution", facts.get("system", ""))
+    return record("reachable", None, f"answers: {facts.get('hostname', '?')}, {system}")
+
+
+def _launch_words(launch: Mapping[str, Any]) -> str:
+    return (f"--local-addr {launch['local_addr']}, GLOO_SOCKET_IFNAME={launch['gloo_socket_ifname']},"
+            f" --rdzv-endpoint {launch['rdzv_endpoint']}")
+
+
+def hosts_file(host: str, hostname: str, addresses: Sequence[str], route: Mapping[str, Any], target: str,
+               port: Any, unit_show: str) -> dict:
+    """What the node's own hostname resolves to (``addresses``: getent hosts): loopback (Ubuntu's
+    '127.0.1.1 <hostname>' line) is a warning, not a problem, since every launch passes explicit
+    addresses (``route``: ``{dev, src}`` towards ``target``:``port``; ``unit_show``: ``systemctl
+    show`` of the agent unit, for what the last launch passed)."""
+    loop = _filters.loopbacks(list(addresses))
+    if not loop:
+        found = ", ".join(addresses) or "nothing (not needed: ddp-lab passes addresses)"
+        return record("hosts_file", None, f"{hostname} resolves to {found}")
+    launch = _filters.unit_launch(unit_show)
+    nxt = {"local_addr": route.get("src"), "gloo_socket_ifname": route.get("dev"),
+           "rdzv_endpoint": f"{target}:{port}"}
+    if not (launch["loaded"] and launch["local_addr"]):
+        seen = ""
+    elif all(str(launch[k]) == str(v) for k, v in nxt.items()):
+        seen = " (the last launch on this node passed the same)"
+    else:  # say which differ: an older launch, another rendezvous address or port, a changed route
+        seen = f" (the last launch on this node passed {_launch_words(launch)}: not these)"
+    return record("hosts_file", (
+        f"{host}: its hostname {hostname} resolves to {loop[0]} (loopback: the '127.0.1.1 <hostname>' line"
+        " Ubuntu writes to /etc/hosts), so a program that finds its own address by name gets loopback."
+        " ddp-lab does not rely on the name: every launch passes explicit addresses; the next one passes"
+        f" torchrun --local-addr {nxt['local_addr']}, GLOO_SOCKET_IFNAME={nxt['gloo_socket_ifname']} and"
+        f" --rdzv-endpoint {nxt['rdzv_endpoint']}{seen};"
+        " nothing to fix (remove the line only if other tools need the name to resolve to the LAN address)"),
+        "", "warn")
+
+
+def _routable(address: Any) -> bool:
+    return _filters.is_ipv4(address or "") and not _filters.is_loopback(address)
+
+
+def launch(host: str, unit_show: str, run_id: str = "", stop: Mapping[str, Any] | None = None) -> dict:
+    """The node's last agent launch (``unit_show``: ``systemctl show UNIT -p
+    LoadState,ExecStart,Environment``) passed explicit addresses: a routable --local-addr and
+    --rdzv-endpoint host, and a GLOO_SOCKET_IFNAME that is not lo. skip: no launch yet, or the
+    unit is gone. ``run_id``, ``stop``: the run status.yml looks at and its ``kind: stop`` event
+    (filter ``ddp_job_stop_event``; {} when not stopped): a node the event names says its last run
+    was stopped by stop.yml at T, as the status table does (stop.yml clears the unit of a job that
+    had ended, so its addresses are then not known)."""
+    seen = _filters.unit_launch(unit_show)
+    stopped = ""
+    if host in ((stop or {}).get("hosts") or []):
+        when = time.strftime("%H:%M:%S", time.localtime(float((stop or {}).get("time") or 0)))
+        stopped = f"the last run {run_id or '?'} was stopped by stop.yml at {when}"
+    if not seen["loaded"]:
+        first = (f"{stopped} (its agent unit is gone)" if stopped else "no agent launched on this node yet")
+        return {"check": "launch", "status": "skip", "detail": (
+            f"{first}; ddp_job passes --local-addr, GLOO_SOCKET_IFNAME and an IP --rdzv-endpoint")}
+    ifname = seen["gloo_socket_ifname"]
+    explicit = (_routable(seen["local_addr"]) and _routable((seen["rdzv_endpoint"] or "").rpartition(":")[0])
+                and bool(ifname) and ifname != "lo")
+    problem = None if explicit else (
+        f"{host}: the last agent launch passed no explicit address ({_launch_words(seen)}), so gloo may have"
+        " used the hostname's (loopback) address; fix: launch with ddp-lab (site.yml or playbooks/train.yml),"
+        " which passes them")
+    detail = f"last launch: {_launch_words(seen)}" + (f"; {stopped}" if stopped else "")
+    return record("launch", problem, detail, "warn")
+
+
+def unique_address(host: str, addresses: Mapping[str, Any]) -> dict:
+    """This node's address towards the rendezvous host is no other play host's (``addresses``:
+    ``{host: address}``; empty ones are ignored)."""
+    same = _filters.sharing_keys(dict(addresses)).get(host, [])
+    address = addresses.get(host)
+    problem = None if not same else (
+        f"{host} and {', '.join(same)} share the address {address} towards the rendezvous host (cloned"
+        " machines or a static IP used twice); gloo cannot tell them apart; fix: give each laptop its own"
+        " address (DHCP reservation)")
+    return record("unique_address", problem, f"{address} is this node's alone")
+
+
+def unique_name(host: str, hostnames: Mapping[str, Any]) -> dict:
+    """This node's hostname is no other play host's (``hostnames``: ``{host: hostname}``): a warning."""
+    same = _filters.sharing_keys(dict(hostnames)).get(host, [])
+    name = hostnames.get(host)
+    problem = None if not same else (
+        f"{host} and {', '.join(same)} share the hostname {name}: their records in the metrics (field host)"
+        " look alike; fix: sudo hostnamectl set-hostname <unique name>")
+    return record("unique_name", problem, f"hostname {name} is unique", "warn")
+
+
+def dpkg_lock(host: str, holders: Sequence[Mapping[str, Any]], comms: Sequence[Mapping[str, Any]],
+              attempts: Any, poll_s: Any, wait_s: Any, preflight: bool) -> dict:
+    """apt/dpkg locks free before provisioning. ``holders``: ``[{path, pid}]`` (filter
+    ``validate_lock_holders``) after ``attempts`` reads ``poll_s`` apart; ``comms``: the ``slurp``
+    results of each holder's /proc/PID/comm, in the same order. A holder fails the preflight
+    (which waited up to ``wait_s``) and is a warning in the doctor."""
+    if not holders:
+        waited = (int(attempts or 1) - 1) * float(poll_s)
+        return record("dpkg_lock", None,
+                      "apt/dpkg locks free" + (f" (waited {waited} s)" if waited > 0 else ""))
+    names = [base64.b64decode(c.get("content", "Pw==")).decode(errors="replace").strip() for c in comms]
+    names += ["?"] * (len(holders) - len(names))
+    who = "; ".join(f"{n} (pid {h['pid']}) holds {h['path']}" for n, h in zip(names, holders, strict=False))
+    tail = (f" and did not finish within validate_dpkg_lock_wait_s={wait_s} s" if preflight else
+            f" (the provisioning waits up to {wait_s} s for it)")
+    return record("dpkg_lock", (
+        f"{host}: apt/dpkg is busy: {who}{tail}; fix: let it finish (after boot unattended-upgrades runs"
+        " for a while: systemctl status unattended-upgrades) and run again"), "",
+        "fail" if preflight else "warn")
+
+
+def gloo(host: str, route: Mapping[str, Any] | None, unit_show: str, addr_show: str) -> dict:
+    """Which address gloo binds on the node, against the route's source.
+
+    Args:
+        route: filter ``validate_route`` of ``ip -4 -o route get <rendezvous address>`` (``{dev, src}``).
+        unit_show: ``systemctl show`` of the agent unit (``LoadState``, ``Environment``).
+        addr_show: ``ip -o addr show dev <route dev>``.
+
+    Returns:
+        ``{check: "gloo", status: ok|warn|skip, detail}``. The last launch's ``DDPLAB_GLOO_ADDR``
+        is what its training program binds; a launch without it (ddp-lab before issue 12) binds
+        ``GLOO_SOCKET_IFNAME``'s first address (filter module's ``gloo_ifname_address``).
+    """
+    src, dev = (route or {}).get("src"), (route or {}).get("dev")
+    if not src:
+        return {"check": "gloo", "status": "skip",
+                "detail": "no route to the rendezvous host: see the route row"}
+    addresses = _filters.interface_addresses(addr_show or "")
+    others = [a["address"] + ("" if a["label"] == dev else f" ({a['label']})") for a in addresses
+              if a["address"] != src and not ipaddress.ip_address(a["address"]).is_link_local]
+    also = f"; {dev} also holds {', '.join(others)}" if others else ""
+    props = _filters.show_props(unit_show or "")
+    env = _filters.unit_environment(props)
+    if props.get("LoadState") != "loaded" or not env:
+        return record("gloo", None,
+                      f"the next launch binds {src} (DDPLAB_GLOO_ADDR, the route's source){also}")
+    if env.get("DDPLAB_GLOO_ADDR"):
+        bound, how = env["DDPLAB_GLOO_ADDR"], "DDPLAB_GLOO_ADDR of the last launch"
+    else:
+        ifname = env.get("GLOO_SOCKET_IFNAME") or ""
+        bound = _filters.gloo_ifname_address(addresses, ifname) if ifname == dev else None
+        how = f"the first address of GLOO_SOCKET_IFNAME={ifname or '(unset)'} of the last launch"
+    problem = None if bound == src else (
+        f"{host}: gloo binds {bound or 'an address of its own choosing'} ({how}), not {src}, the source of"
+        f" the route via {dev}{also}; peers then fail ('Network is unreachable', 'ss_family ... 10 vs 2')"
+        " or wait; fix: launch again with ddp-lab (site.yml or playbooks/train.yml), which passes"
+        " DDPLAB_GLOO_ADDR=<route source>")
+    return record("gloo", problem, f"binds {src} ({how}) = the route's source{also}", "warn")
+
+
+def settings_check(host: str, check: str, args: Mapping[str, Any]) -> dict | list[dict]:
+    """Run the check ``check`` with its named arguments (as tasks pass them): ``rdzv_conf``
+    (``conf``, ``keys``) and ``nnodes`` (``min``, ``max``, ``trainers``) by name, the checks of
+    :data:`PURE` as ``check(host, **args)``. Raises KeyError for an unknown check or a missing
+    argument, TypeError for an unexpected one."""
+    if check == "rdzv_conf":
+        return rdzv_conf(host, args.get("conf"), args.get("keys") or [])
+    if check == "nnodes":
+        return nnodes(host, args["min"], args["max"], int(args["trainers"]))
+    return PURE[check](host, **args)
+
+
+# Checks that are pure functions of their arguments: called as ``check(host, **args)``.
+PURE = {f.__name__: f for f in (trainers, rendezvous, rendezvous_address, unique_hosts, unique_names,
+                                  dataset, types, ranges, train_config, engine, governor, torch_version,
+                                  reachable, hosts_file, launch, dpkg_lock, gloo)}
+# Checks that compare a host var across the play's hosts: check -> (function, default host var).
+ACROSS = {"unique_address": (unique_address, "__validate_address"),
+          "unique_name": (unique_name, "__validate_hostname")}
+
+
+_UNSET = object()
+
+
+def _value(found: Any, name: str) -> Any:
+    """``found[name]`` (``found``: ``hostvars[host]``) rendered for that host (a template -e value may
+    read the host's own facts), as plain data; :data:`_UNSET` when the host has no such variable or
+    cannot render it yet (e.g. a fact a later play sets): its own checks judge it where the role runs."""
+    try:
+        if name not in found:
+            return _UNSET
+        return json.loads(json.dumps(found[name]))
+    except (AnsibleError, TypeError, ValueError):
+        return _UNSET
+
+
+class ActionModule(ActionBase):
+    """Run the checks given (``checks``: a list of ``{check, args, skip}``; see the module docstring)
+    and return their records (``records``), in order. Left out: a check with ``skip: true``, and one
+    of a trainer's settings that :func:`left_out` leaves out, from the task's ``bad_types`` (the
+    settings whose type check failed; ``ranges`` skips them too), ``resume_run_id`` with
+    ``run_train`` (a resume this run judges: tasks/resume.yml) and ``inventory_ok`` (the inventory's
+    shape passed)."""
+
+    def _one(self, check: str, args: Mapping[str, Any], task_vars: dict) -> dict | list[dict] | None:
+        host = task_vars.get("inventory_hostname", "?")
+        if check in PURE or check in ("rdzv_conf", "nnodes"):
+            return settings_check(host, check, args)
+        if check in ACROSS:
+            func, key = ACROSS[check]
+            hv = task_vars["hostvars"]
+            key = args.get("key") or key
+            values = {h: hv[h].get(key, "") for h in task_vars.get("ansible_play_hosts", [])}
+            return func(host, values)
+        if check == "given":
+            return self._given(args, task_vars)
+        if check == "versions":
+            hv, key = task_vars["hostvars"], args.get("key") or "__validate_versions"
+            everyone = {h: venv_versions(hv[h].get(key)) for h in task_vars.get("ansible_play_hosts", [])}
+            settings = dict(args.get("pins") or {})
+            given = {v: self._templar.template(task_vars[v]) for v in settings.values() if v in task_vars}
+            pins = pins_of(given, settings, args.get("defaults") or {})
+            provision = boolean(args.get("provision", False), strict=False)
+            return versions(host, everyone, pins, args.get("prefix", ""), provision)
+        if check == "become":
+            return self._become(host, task_vars)
+        if check == "disk":
+            return disk(host, args.get("df") or "", args["path"], args["min_free_mb"])
+        if check == "reach":
+            res = self._execute_module(
+                module_name="ansible.builtin.wait_for", task_vars=task_vars,
+                module_args={"host": args["address"], "port": int(args["port"]),
+                             "timeout": int(float(args["timeout_s"]))})
+            if res.get("unreachable"):
+                return None
+            error = (res.get("msg") or "failed") if res.get("failed") else None
+            return reach(host, args["what"], args["address"], args["port"], args["timeout_s"], error)
+        if check == "route":
+            return route(host, args.get("target") or "", int(args.get("rc", -1)), args.get("stderr") or "",
+                         args.get("dev"), args.get("src"))
+        if check == "clock":
+            return clock(host, args["measured"], args["max_skew_s"])
+        if check == "interface":
+            return interface(host, str(args["ifname"]), args.get("facts") or {}, args.get("route_dev"),
+                             args.get("address"))
+        if check == "port":
+            return port(args["what"], args["host"], args["address"], args["port"], int(args["rc"]),
+                        args.get("state") or {}, args.get("stderr") or "", args.get("held") or [],
+                        args.get("holder") or "", args.get("parent") or "", args.get("state_dir") or "")
+        raise AnsibleActionFail(f"validate_check: unknown check {check!r}")
+
+    def _become(self, host: str, task_vars: dict) -> dict | None:
+        """The check ``become`` (the task runs with ``become: true``): a module (``ping``) run with
+        become, without a prompt, as ``sudo -n true`` would; module_utils/become.pys ``become_problem``
+        names a password that -K did not give. None: the node is unreachable."""
+        try:
+            res = self._execute_module(module_name="ansible.builtin.ping", module_args={},
+                                       task_vars=task_vars)
+        except AnsibleConnectionFailure:
+            return None
+        except AnsibleError as exc:
+            res = {"failed": True, "msg": str(exc)}
+        if res.get("unreachable"):
+            return None
+        method = str(getattr(self._connection.become, "name", "become")).rsplit(".", 1)[-1]
+        user = self._play_context.remote_user or task_vars.get("ansible_user")
+        text = " ".join(str(res.get(k) or "") for k in ("msg", "module_stderr", "module_stdout"))
+        problem = become_problem(self._connection.become, text, user) if res.get("failed") else ""
+        if res.get("failed") and not problem:
+            first = next((ln for ln in text.splitlines() if ln.strip()), "failed")
+            who = user or "the connecting account"
+            problem = (f"become ({method}) fails for {who}: {first.strip()[:300]}; fix:"
+                       f" let the account use {method} (on Ubuntu: sudo usermod -aG sudo <account>)")
+        return record("become", f"{host}: {problem}" if problem else None,
+                      f"{method} works without a prompt" + (" (a password was given)" if
+                                                             self._play_context.become_pass else ""))
+
+    def _given(self, args: Mapping[str, Any], task_vars: dict) -> list[dict]:
+        """The check ``given``: ``specs``, ``hosts`` (the inventory hosts to read), ``rules``,
+        ``rdzv_keys``, ``governors``, ``trainers``, ``defaults`` (see :func:`given`). Which settings
+        came with -e is what ansible-playbook parsed from its command line (``load_extra_vars``);
+        their values and each host's are read from ``hostvars`` (rendered as the roles see them)."""
+        hv = task_vars["hostvars"]
+        options = _filters.spec_options(dict(args["specs"]))
+        names = set(options) | set(_run_ids.RUN_ID_VARS)
+        everywhere = list(args.get("hosts") or []) or [task_vars.get("inventory_hostname", "localhost")]
+        hosts: dict[str, dict[str, Any]] = {h: {} for h in everywhere}
+        extra: dict[str, Any] = {}
+        given_with_e = set(load_extra_vars(self._loader))
+        host_vars = {h: hv[h] for h in everywhere}  # each one's variables, gathered once
+        for name in sorted(names):
+            seen = {h: _value(host_vars[h], name) for h in everywhere}
+            seen = {h: v for h, v in seen.items() if v is not _UNSET}
+            first = next(iter(seen.values()), None)
+            if name in given_with_e and seen and all(v == first for v in seen.values()):
+                extra[name] = first
+            else:  # set in the inventory, or an -e template each host renders its own way: per host
+                for h, v in seen.items():
+                    hosts[h][name] = v
+        return given(args["specs"], hosts, extra, args.get("rules") or [], args.get("rdzv_keys") or [],
+                     args.get("governors") or [], int(args.get("trainers") or 0), args.get("defaults") or {},
+                     sorted(given_with_e - set(extra)))
+
+    def run(self, tmp=None, task_vars=None):
+        task_vars = task_vars or {}
+        result = super().run(tmp, task_vars)
+        task = self._task.args
+        # what decides which checks of SETTINGS are left out (:func:`left_out`), as the task gives it
+        bad = list(task.get("bad_types") or [])
+        resume = bool(task.get("resume_run_id")) and boolean(task.get("run_train", True), strict=False)
+        inventory_ok = boolean(task.get("inventory_ok", True), strict=False)
+        records = []
+        for item in task.get("checks") or []:
+            check = item.get("check")
+            if item.get("skip") or left_out(check, bad, resume, inventory_ok):
+                continue
+            args = item.get("args") or {}
+            if check == "ranges" and "skip" not in args:
+                args = {**args, "skip": bad}
+            try:
+                rec = self._one(check, args, task_vars)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise AnsibleActionFail(f"validate_check {check}: bad arguments ({exc})") from exc
+            if rec is None:
+                result.update({"unreachable": True, "msg": "the node cannot be reached"})
+                return result
+            records.extend(rec if isinstance(rec, list) else [rec])
+        result.update({"changed": False, "records": records})
+        return result

@@ -1,0 +1,117 @@
+"""Stdout callback ``ddp_lab``: Ansible's ``default`` output, with the project's refusals in one line.
+
+ansible-core 2.19 prints every failed task's error with an ``Origin:`` block (the task file, line
+and column, and five lines of the YAML around it) under the ``[ERROR]:`` line. For the project's
+refusals, whose ``fail_msg``/``msg`` already says what is wrong and how to fix it, that block is
+only noise: their ``[ERROR]:`` line is printed alone (``Task failed: Action failed: <msg>``, the
+words ``errors()`` of tests/labharness.py and people read), for a task and for each failed item of
+a loop. A refusal (:func:`is_refusal`) is a failure whose message the action wrote itself: an
+assert whose condition was false (its result carries ``assertion``), a fail task's ``msg``, a
+project action plugin's failed result or ``AnsibleActionFail``. Every other failure, of these
+actions too (a conditional or template that cannot be evaluated, an exception inside a plugin), and
+of every other action keeps Ansible's whole message with its origin. The ``fatal: [host]: FAILED!``
+(or ``failed: [host] (item=...)``) line that follows stays (an assert's ``assertion`` and
+``evaluated_to`` left out of it). Set in ansible.cfg (``stdout_callback = ddp_lab.cluster.ddp_lab``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ansible import constants as C
+from ansible.plugins.callback.default import CallbackModule as DefaultCallback
+
+DOCUMENTATION = """
+    name: ddp_lab
+    type: stdout
+    short_description: default output, the project's refusals without the Origin block
+    description:
+      - The default stdout callback; a false assert, a fail task's message or a deliberate failure of
+        one of the project's own action plugins, looped or not, prints its [ERROR] line without the
+        Origin block below it; any other failure keeps it.
+    extends_documentation_fragment:
+      - default_callback
+      - result_format_callback
+    requirements:
+      - set as stdout in configuration
+"""
+
+# Actions whose failure is a message written for people (the project's checks and refusals).
+REFUSALS = frozenset({"assert", "fail", "ansible.builtin.assert", "ansible.builtin.fail",
+                      "ansible.legacy.assert", "ansible.legacy.fail"})
+ASSERTS = frozenset(a for a in REFUSALS if a.endswith("assert"))
+# ... and the project's own action plugins (this collection's plugins/action/<name>.py, by FQCN)
+PROJECT_ACTIONS = frozenset(f"ddp_lab.cluster.{p.stem}"
+                            for p in (Path(__file__).resolve().parents[1] / "action").glob("*.py"))
+
+
+def innermost_message(summary: Any) -> str | None:
+    """The message of the innermost event of an ansible-core ``ErrorSummary`` (a task result's
+    ``exception``: ``event`` -> ``event.chain.event`` -> ...), or None without one."""
+    event = getattr(summary, "event", None)
+    while event is not None and getattr(event, "chain", None) is not None:
+        event = event.chain.event
+    return None if event is None else str(event.msg)
+
+
+def is_refusal(action: str, result: Mapping[str, Any], summary: Any) -> bool:
+    """Whether the failed result ``result`` of a task of ``action`` (its error summary ``summary``)
+    is a refusal written for people (see the module docstring).
+
+    The message is the action's own when the innermost event of the summary is the result's
+    ``msg``: ansible-core keeps an action's ``failed``/``msg`` result (and an ``AnsibleActionFail``'s
+    message) as the ``msg``, while for an exception it composes ``msg`` from the whole chain
+    (``Task failed: Error while evaluating conditional: ...``), ansible-core 2.19
+    ``_error_utils.result_dict_from_exception``."""
+    if action not in REFUSALS and action not in PROJECT_ACTIONS:
+        return False
+    msg = result.get("msg")
+    if not msg or innermost_message(summary) != str(msg):
+        return False
+    return action not in ASSERTS or "assertion" in result  # an assert's false condition
+
+
+class CallbackModule(DefaultCallback):
+    """See the module docstring."""
+
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "stdout"
+    CALLBACK_NAME = "ddp_lab"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._refusal = False
+
+    def _one_line(self, result) -> bool:
+        """Whether ``result`` (a task's or an item's failed CallbackTaskResult) is a refusal; if so,
+        drops the assert's expression from it."""
+        refusal = is_refusal(str(result.task.action), result.result, result.exception)
+        if refusal:  # the assert's expression is the role's code, not the user's problem
+            for key in ("assertion", "evaluated_to"):
+                result.result.pop(key, None)
+        return refusal
+
+    def v2_runner_on_failed(self, result, ignore_errors: bool = False) -> None:
+        self._refusal = self._one_line(result)
+        try:
+            super().v2_runner_on_failed(result, ignore_errors)
+        finally:
+            self._refusal = False
+
+    def v2_runner_item_on_failed(self, result) -> None:
+        self._refusal = self._one_line(result)
+        try:
+            super().v2_runner_item_on_failed(result)
+        finally:
+            self._refusal = False
+
+    def _handle_exception(self, result, use_stderr: bool = False) -> None:
+        if self._refusal and result.get("exception"):
+            result.pop("exception", None)
+            msg = " ".join(str(result.get("msg")).split())
+            self._display.display(f"[ERROR]: Task failed: Action failed: {msg}", color=C.COLOR_ERROR,
+                                  stderr=use_stderr)
+            return
+        super()._handle_exception(result, use_stderr)

@@ -1,0 +1,220 @@
+"""Filters of the ddp_job role: which worker logs ``logs.yml`` shows, the input it takes,
+whether stop.yml stopped the run the watch followed, and the state of the run looked at on a node
+(status.yml's table and attach.yml: :func:`ddplab.runstate.node_state`)."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ansible_collections.ddp_lab.cluster.plugins.module_utils.hostvars import agent_ran_hosts, statuses_of
+from ddplab.runstate import WORDS, cut_off_hosts, node_state, stop_event, unit_tells_run
+
+# torchrun --log-dir D writes D/<run id>_<random>/attempt_<restart>/<local rank>/stderr.log
+# (torch.distributed.elastic.multiprocessing.api: one folder per launch and per restart).
+STDERR = re.compile(r"/attempt_(\d+)/(\d+)/stderr\.log$")
+
+
+def local_ranks_of(workers: Iterable[Mapping[str, Any]], rank: Any = None) -> list[int]:
+    """The local ranks of this node's workers (``ddplab.status`` ``workers``: the newest record of
+    each) that hold global ``rank`` now; every local rank when ``rank`` is None or ''.
+
+    A node whose workers wrote no record yet has none: ``[]``.
+    """
+    out = []
+    for w in workers or []:
+        if rank in (None, "") or (w.get("rank") is not None and int(w["rank"]) == int(rank)):
+            out.append(int(w.get("local_rank") or 0))
+    return sorted(set(out))
+
+
+def newest_stderr(files: Iterable[Mapping[str, Any]], local_ranks: Iterable[int]) -> list[str]:
+    """The path of the newest ``stderr.log`` (by mtime) of each local rank in ``local_ranks``,
+    from ``ansible.builtin.find``'s ``files`` (dicts with ``path`` and ``mtime``); a local rank
+    without a log is left out."""
+    wanted = {int(r) for r in local_ranks}
+    best: dict[int, tuple[float, str]] = {}
+    for f in files or []:
+        m = STDERR.search(str(f.get("path", "")))
+        if not m or int(m.group(2)) not in wanted:
+            continue
+        lr, key = int(m.group(2)), float(f.get("mtime") or 0.0)
+        if lr not in best or key >= best[lr][0]:
+            best[lr] = (key, f["path"])
+    return [best[lr][1] for lr in sorted(best)]
+
+
+def logs_input_problems(node: Any, hosts: Iterable[str], rank: Any = None, lines: Any = None) -> list[str]:
+    """What is wrong with ``logs.yml``'s input (``-e node= rank= lines=``), one message per
+    problem (``[]``: good). ``node`` must be one of ``hosts``; ``rank`` empty/None or an integer
+    >= 0; ``lines`` a positive integer."""
+    hosts = list(hosts)
+    problems = []
+    if node in (None, ""):
+        problems.append(f"name the laptop: -e node=<one of {', '.join(hosts)}>")
+    elif str(node) not in hosts:
+        problems.append(f"node={node} is not in the group 'trainers' (one of {', '.join(hosts)})")
+    if rank not in (None, "") and not re.fullmatch(r"\d+", str(rank)):
+        problems.append(f"rank={rank} is not a global rank (an integer >= 0)")
+    if lines is not None and not re.fullmatch(r"[1-9]\d*", str(lines).strip()):
+        problems.append(f"lines={lines} is not a positive integer")
+    return problems
+
+
+def stdout_log_of(stderr_path: Any) -> str:
+    """The ``stdout.log`` beside a worker's ``stderr.log`` (torchrun ``--tee 3`` writes both in the
+    same folder), e.g. ``.../attempt_0/1/stdout.log``. Raises ValueError for a path that is not a
+    torchrun worker's ``stderr.log``."""
+    path = str(stderr_path)
+    if not STDERR.search(path):
+        raise ValueError(f"not a torchrun worker's stderr.log: {path}")
+    return path[: -len("stderr.log")] + "stdout.log"
+
+
+def logs_rank_problem(workers: Iterable[Mapping[str, Any]], rank: Any, host: str, run_id: str = "") -> str:
+    """logs.yml's refusal when ``rank`` (-e rank=; '' or None: any) is held by no worker of
+    ``host`` (``ddplab.status`` ``workers``), naming the ranks its workers hold; '' when it is."""
+    if rank in (None, "") or local_ranks_of(workers, rank):
+        return ""
+    held = ", ".join(str(w["rank"]) for w in workers or [] if w.get("rank") is not None) or "none"
+    return (f"rank={rank} is not held by a worker on {host} in run {run_id or '(none)'} (its workers hold "
+            f"ranks {held}); fix: pick the node from `ansible-playbook status.yml`, or leave rank out")
+
+
+def _worker_of(workers: Iterable[Mapping[str, Any]], path: str) -> Mapping[str, Any]:
+    """The newest record (``ddplab.status`` ``workers``) of the local rank whose log is ``path``."""
+    m = STDERR.search(path)
+    local = int(m.group(2)) if m else None
+    return next((w for w in workers or [] if int(w.get("local_rank") or 0) == local), {})
+
+
+def _tail(result: Mapping[str, Any]) -> list[str] | None:
+    """The lines of a ``tail`` command's registered result; None when the file could not be read."""
+    if int(result.get("rc", 1) if result.get("rc") is not None else 1) != 0:
+        return None
+    return list(result.get("stdout_lines") or [])
+
+
+def logs_worker_messages(stderr_results: Iterable[Mapping[str, Any]],
+                         stdout_results: Iterable[Mapping[str, Any]], lines: Any,
+                         workers: Iterable[Mapping[str, Any]] | None = None, status_line: str = "",
+                         run_dir: str = "", run_id: str = "", rank: Any = "") -> list[list[str]]:
+    """What logs.yml shows of each worker of the node: one message (list of lines) per worker,
+    from the registered ``tail`` results of its ``stderr.log`` (``item``: the path) and of its
+    ``stdout.log`` (``item.item``: the stderr path; in the same order). ``workers``: ``ddplab.status``
+    ``workers`` (rank of each local rank); ``status_line``: the node's progress line.
+
+    A healthy worker writes no stderr: said so. Only global rank 0 prints the ``[ddplab]`` progress
+    lines (ddplab.train), so an empty stdout of another rank says where those lines are (the
+    laptop of rank 0, with the command) and gives the worker's newest metrics record and the
+    node's progress line instead. Without any worker log: one message saying so."""
+    stdout_results = list(stdout_results or [])
+    out: list[list[str]] = []
+    for i, err in enumerate(stderr_results or []):
+        path = str(err.get("item"))
+        worker = _worker_of(workers, path)
+        msg = [f"{path} (last {lines} lines):"]
+        msg += _tail(err) or ["no stderr output (a healthy worker writes none)"]
+        out_res = stdout_results[i] if i < len(stdout_results) else {}
+        msg.append(f"{stdout_log_of(path)} (last {lines} lines):")
+        text = _tail(out_res)
+        if text:
+            msg += text
+        elif worker.get("rank") not in (None, 0):
+            msg.append(
+                f"{'no stdout.log' if text is None else 'no stdout output'}: rank {worker['rank']} prints no "
+                "progress lines; rank 0 prints them ([ddplab] lines, also in its laptop's journal): "
+                "ansible-playbook logs.yml -e node=<the laptop of rank 0 in `ansible-playbook status.yml`> "
+                "-e rank=0")
+            msg.append(f"rank {worker['rank']}'s newest record: {worker.get('event')} at step "
+                       f"{'-' if worker.get('step') is None else worker['step']}, world size "
+                       f"{worker.get('world_size')}, restart {worker.get('restart_count')}, "
+                       f"{max(0.0, time.time() - float(worker.get('time') or 0)):.0f} s ago")
+            if status_line:
+                msg.append(f"the node's progress: {status_line.strip()}")
+        else:
+            msg.append("no stdout.log" if text is None else
+                       "no stdout output yet (rank 0 prints its first line after the rendezvous)")
+        out.append(msg)
+    if not out:
+        rank_part = f" for rank {rank}" if str(rank or "") else ""
+        out.append([f"no worker stderr of run {run_id or '(none)'} under {run_dir}/logs{rank_part}"])
+    return out
+
+
+def logs_journal_message(journal_lines: Iterable[str], unit: str, lines: Any) -> list[str]:
+    """logs.yml's journal message: a heading naming the command, then the journal's lines."""
+    return [f"journalctl -u {unit} (last {lines} lines):", *(journal_lines or ["no journal lines"])]
+
+
+def running_hosts(hosts: Any, hostvars: Mapping[str, Any] | None = None) -> list[str]:
+    """The hosts among ``hosts`` (names, in order) where the run looked at still runs:
+    :func:`ddplab.runstate.node_state` of each host's ``ddp_job_status`` (:func:`statuses_of`; a host without
+    one is ``absent``) is ``running``. For collect's refusal."""
+    return [h for h, res in statuses_of(hosts, hostvars).items() if node_state(res, h) == "running"]
+
+
+def attach_plan(results: Mapping[str, Any], stop: Mapping[str, Any] | None = None,
+                run_id: str = "") -> dict[str, Any]:
+    """What attach.yml does with the run looked at, from every trainer's ``ddp_job_status``
+    (host -> result, :func:`statuses_of`) and the run's stop event: ``{states, watch, other_job,
+    line, problem}``. ``states``: host -> :func:`ddplab.runstate.node_state`; ``watch``: some
+    agent unit speaks of the run (:func:`ddplab.runstate.unit_tells_run`), so the watch follows
+    it; ``other_job``: a trainer's agent runs another run (the store is not this run's to stop);
+    ``line``: when not watched, the one line that says how the run ended on each node (it is
+    collected next); ``problem``: attach.yml's refusal when no trainer has a job of the run (every
+    state absent, unreachable or error), '' otherwise."""
+    states = {h: node_state(r, h, stop) for h, r in results.items()}
+    watch = any(unit_tells_run(r) for r in results.values())
+    others = sorted({str((r or {}).get("current_run") or "?") for r in results.values()
+                     if (r or {}).get("unit_holds_run") is False and (r or {}).get("state") == "running"})
+    line = ""
+    if not watch:
+        nodes = ", ".join(f"{h}: {WORDS.get(s, s)}" for h, s in states.items())
+        when = (f"; stopped by stop.yml at {time.strftime('%H:%M:%S', time.localtime(float(stop['time'])))}"
+                if (stop or {}).get("time") else "")
+        line = (f"run {run_id} does not run any more ({nodes}{when}): nothing to follow; it is collected now"
+                + (f" (the trainers' agents run run {', '.join(others)})" if others else ""))
+    problem = ""
+    if all(s in ("absent", "unreachable", "error") for s in states.values()):
+        named = run_id or "(none: no runs/current, no current_run on the trainers)"
+        problem = (f"no job of run {named} on any trainer; fix: start one with site.yml, or name the run "
+                   "with -e run_id=<run id> (see runs/)")
+    return {"states": states, "watch": watch, "other_job": bool(others), "line": line, "problem": problem}
+
+
+def collect_hint(run_id: Any, run_tags: Iterable[str] = ("all",), skip_tags: Iterable[str] = ()) -> str:
+    """The line a watched train phase ends with when this ansible-playbook run does not collect the
+    run (``--tags`` without collect, or ``--skip-tags collect``: Ansible's ``ansible_run_tags`` and
+    ``ansible_skip_tags``): the run ended, and the collect command that brings it home and writes
+    summary.json and the final report. '' when the collect play runs."""
+    run_tags, skip_tags = set(run_tags or ("all",)), set(skip_tags or ())
+    if "collect" not in skip_tags and ("all" in run_tags or "collect" in run_tags):
+        return ""
+    return (f"run {run_id} ended and is not collected by this play (--tags/--skip-tags); collect it "
+            "(summary.json, the final report): ansible-playbook playbooks/collect.yml "
+            f"-e collect_run_id={run_id}")
+
+
+class FilterModule:
+    """The filters above, named ddp_job_*."""
+
+    def filters(self):
+        return {
+            "ddp_job_local_ranks": local_ranks_of,
+            "ddp_job_newest_stderr": newest_stderr,
+            "ddp_job_stdout_log": stdout_log_of,
+            "ddp_job_logs_rank_problem": logs_rank_problem,
+            "ddp_job_logs_worker_messages": logs_worker_messages,
+            "ddp_job_logs_journal_message": logs_journal_message,
+            "ddp_job_logs_input_problems": logs_input_problems,
+            "ddp_job_stop_event": stop_event,
+            "ddp_job_attach_plan": attach_plan,
+            "ddp_job_running_hosts": running_hosts,
+            "ddp_job_cut_off_hosts": cut_off_hosts,
+            "ddp_job_statuses": statuses_of,
+            "ddp_job_agent_ran_hosts": agent_ran_hosts,
+            "ddp_job_collect_hint": collect_hint,
+        }

@@ -1,0 +1,21 @@
+"""Filters of the ddp_lab defaults role: which run a playbook acts on (``tasks/run_id.yml``) and
+the name under which Ansible's facts hold a network interface; the rules live in
+module_utils/run_ids.py and module_utils/interfaces.py."""
+
+from __future__ import annotations
+
+from ansible_collections.ddp_lab.cluster.plugins.module_utils.interfaces import interface_fact_name
+from ansible_collections.ddp_lab.cluster.plugins.module_utils.run_ids import (
+    new_run_id,
+    resolve_run_id,
+    run_id_problems,
+)
+
+
+class FilterModule:
+    """ddp_lab filters."""
+
+    def filters(self):
+        return {"ddp_lab_run_id": resolve_run_id, "ddp_lab_new_run_id": new_run_id,
+                "ddp_lab_run_id_problems": run_id_problems,
+                "ddp_lab_interface_fact_name": interface_fact_name}

@@ -1,0 +1,281 @@
+"""Filters of the fault role: the run's recovery engine (from the node's run.json), agent command
+lines compared without the options whose values differ from laptop to laptop
+(tasks/rejoin-launch.yml), the check of kill-node.yml's settings against the role's argument
+spec, once and in one line each, the target and the nodes still training (tasks/resolve.yml:
+:func:`resolve`, :func:`wait_timeout`, :func:`intent`, :func:`finished_refusal`) and the
+measurement's inputs, output and one-line outcome (tasks/report.yml: :func:`down_hosts`,
+:func:`measured_lines`, :func:`agent_end`, :func:`not_recovered`)."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible_collections.ddp_lab.cluster.plugins.module_utils.hostvars import host_values
+from ddplab import engines
+from ddplab.runstate import WORDS, node_states
+from jinja2 import Environment
+from jinja2.filters import do_truncate
+
+ENGINES = tuple(engines.ENGINES)  # the registry of ddplab.engines: torchelastic, per_step, diloco
+#: Jinja's own truncate filter needs an environment (its default leeway policy; Ansible's is 5)
+JINJA = Environment(autoescape=False)  # noqa: S701  (plain text for a fail_msg, not HTML)
+# what a value of an argument spec type must be, in the words of a one-line refusal
+KINDS = {"int": "an integer", "float": "a number", "bool": "true or false", "dict": "a mapping",
+         "list": "a list", "path": "a path", "str": "a string"}
+
+
+def without_options(argv: Sequence[Any], options: Iterable[str]) -> list[str]:
+    """``argv`` (strings) without each option in ``options`` and the value that follows it
+    (``--opt value``) or is attached to it (``--opt=value``); everything else in order."""
+    drop = set(options)
+    out: list[str] = []
+    skip = False
+    for arg in map(str, argv):
+        if skip:
+            skip = False
+            continue
+        if arg in drop:
+            skip = True
+            continue
+        if arg.split("=", 1)[0] in drop and "=" in arg:
+            continue
+        out.append(arg)
+    return out
+
+
+def run_engine(run_config: Mapping[str, Any] | None) -> str:
+    """The recovery engine of a run from its configuration, the node's ``run.json`` (the file
+    ``ddplab.train --config`` reads; ddp_job writes it at the launch and a resume): its
+    ``fault_tolerance``, ``torchelastic`` when absent (ddplab.config's default: a torchelastic run's
+    run.json has no engine keys). Raises ValueError on an engine that is not one of
+    ``torchelastic``, ``per_step``, ``diloco``, or when ``run_config`` is not a mapping."""
+    if not isinstance(run_config, Mapping):
+        raise ValueError(f"run.json is not a JSON object: {run_config!r:.80}")
+    engine = str(run_config.get("fault_tolerance") or "torchelastic")
+    if engine not in ENGINES:
+        raise ValueError(f"run.json names the engine {engine!r}, not one of {', '.join(ENGINES)}")
+    return engine
+
+
+def agent_states(progress: Mapping[str, Any], stop: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """Host -> how kill-node.yml names its agent: the run-state model's word for its state
+    (:func:`ddplab.runstate.node_states`, :data:`ddplab.runstate.WORDS`: running, ended, failed, no
+    job, interrupted, cut off), ``stopped by stop.yml at HH:MM:SS`` for a host the run's stop event
+    names, ``down`` for a host that was not read (off, unreachable, or its status could not be read).
+
+    ``progress``: host -> its ``node_status`` result (skipped: not read); ``stop``: the stop event
+    ({} or None when the run was not stopped)."""
+    stop = stop or {}
+    when = time.strftime("%H:%M:%S", time.localtime(float(stop.get("time") or 0)))
+    words = {**WORDS, "stopped": f"stopped by stop.yml at {when}", "unreachable": "down", "error": "down"}
+    read = {h: r if isinstance(r, Mapping) and r.get("state") and not r.get("skipped")
+            else {"state": "unreachable"} for h, r in progress.items()}
+    return {h: words[s] for h, s in node_states(read, stop).items()}
+
+
+def checked_settings(options: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The options of an argument spec that :func:`argument_problems` checks: those of type int,
+    float or bool or with choices (a string from ``-e`` must convert or match). The others take
+    any string, and their defaults may need the role's own variables (``role_path``)."""
+    typed = ("int", "float", "bool")
+    return sorted(k for k, o in options.items() if o.get("type") in typed or "choices" in o)
+
+
+def argument_problems(values: Mapping[str, Any], options: Mapping[str, Mapping[str, Any]],
+                      names: Mapping[str, str] | None = None) -> list[str]:
+    """One line per setting in ``values`` that the argument spec ``options`` (a role's
+    ``meta/argument_specs.yml`` entry point's options) refuses, e.g. ``rank=abc is not an integer;
+    fix: -e rank=<an integer>`` ([] when every one passes).
+
+    ``values``: variable name -> value (names the spec does not know are left alone); ``names``: a
+    variable's name as the user gives it (``fault_rank`` -> ``rank``: kill-node.yml's -e names),
+    default the variable's own. The check is Ansible's own (ArgumentSpecValidator, as a role's
+    argument validation), run once by the play instead of once per host with the whole spec
+    printed.
+    """
+    out: list[str] = []
+    for var in sorted(set(values) & set(options)):
+        spec = {var: {k: v for k, v in options[var].items() if k in ("type", "choices", "elements")}}
+        if not ArgumentSpecValidator(spec).validate({var: values[var]}).error_messages:
+            continue
+        shown = (names or {}).get(var, var)
+        choices = [str(c) for c in spec[var].get("choices") or []]
+        if choices:
+            out.append(f"{shown}={values[var]} must be one of {', '.join(choices)}; "
+                       f"fix: -e {shown}=<{'|'.join(choices)}>")
+            continue
+        kind = KINDS.get(str(spec[var].get("type", "str")), f"of type {spec[var].get('type')}")
+        out.append(f"{shown}={values[var]} is not {kind}; fix: -e {shown}=<{kind}>")
+    return out
+
+
+def resolve(progress: Mapping[str, Any], stop: Mapping[str, Any] | None, node: str, rank: Any,
+            mode: str) -> dict[str, Any]:
+    """Who kill-node.yml targets and who is still training, from each trainer's ``node_status``
+    result (``progress``: host -> result, in the inventory's order; None or skipped: not read).
+
+    Args:
+        stop: the run's ``kind: stop`` event (:func:`agent_states`), {} when not stopped.
+        node: ``fault_node`` ('' when the rank names the target); rank: ``fault_rank`` (< 0: none).
+        mode: ``fault_mode`` (``rejoin``: a rejoining node holds no rank until its group re-forms).
+
+    Returns:
+        ``active`` (hosts whose agent runs), ``workers`` (every read host's newest worker records,
+        oldest first), ``states`` (:func:`agent_states`), ``agents`` (``"host state, ..."``),
+        ``rank_holders`` (the active nodes whose worker holds ``rank``), ``ranks`` (``"node=rank,
+        ..."`` of the active workers, ``none`` without one), ``target`` (``node``, else the last
+        rank holder; None when there is none), ``target_rank`` and ``world_size`` (the newest of the
+        target's / the active workers', None unknown), ``others`` (active hosts but the target) and
+        ``probe`` (the node the recovery is watched from: the first other active host, else the
+        target), ``finished`` (:func:`finished_group`). Raises ValueError when ``rank`` is not an
+        integer.
+    """
+    rank = int(rank)
+    results = {h: r if isinstance(r, Mapping) else {} for h, r in progress.items()}
+    active = [h for h, r in results.items() if (r.get("agent") or {}).get("running")]
+    workers = sorted((w for r in results.values() for w in r.get("workers") or []),
+                     key=lambda w: w.get("time") or 0)
+    running = [w for w in workers if w.get("node") in active]
+    holders = [w["node"] for w in running if rank >= 0 and w.get("rank") == rank]
+    target = node or (holders[-1] if holders else None)
+    mine = [w.get("rank") for w in workers if w.get("node") == target]
+    states = agent_states(results, stop)
+    others = [h for h in active if h != target]
+    return {
+        "active": active, "workers": workers, "states": states,
+        "agents": ", ".join(f"{h} {s}" for h, s in states.items()),
+        "rank_holders": holders,
+        "ranks": ", ".join(f"{w['node']}={w.get('rank')}" for w in running) or "none",
+        "target": target,
+        "target_rank": None if mode == "rejoin" or not mine else mine[-1],
+        "world_size": running[-1].get("world_size") if running else None,
+        "others": others, "probe": (others + [target])[0],
+        "finished": finished_group(results),
+    }
+
+
+def finished_group(progress: Mapping[str, Any]) -> dict[str, Any]:
+    """Whether the group finished the run: ``{hosts, step}``, the hosts whose ddplab.status
+    ``progress.finished`` says so (an ``end`` record since the node's newest start:
+    ddplab.records.group_finished) and the step the group ended at (the largest ``progress.step``
+    among them; None when no host finished). ``progress``: host -> its ``node_status`` result."""
+    read = {h: r.get("progress") for h, r in progress.items() if isinstance(r, Mapping)}
+    done = {h: p for h, p in read.items() if isinstance(p, Mapping) and p.get("finished")}
+    steps = [int(p["step"]) for p in done.values() if isinstance(p.get("step"), int)]
+    return {"hosts": list(done), "step": max(steps) if steps else None}
+
+
+def finished_refusal(plan: Mapping[str, Any], mode: str, run_id: str) -> str:
+    """kill-node.yml's one line when the run is finished (``plan``: :func:`resolve`; its
+    ``finished`` hosts, no agent running): the step its group ended at, that a rejoin has nothing
+    to join (another fault nothing to act on), every agent as :func:`agent_states` names it (a
+    replica cut off from the finished group reads ``cut off``, as in status.yml), and the fix:
+    collect the run, or start a new one."""
+    done = plan.get("finished") or {}
+    step = done.get("step")
+    what = (f"a rejoin of {plan.get('target')} has nothing to join" if mode == "rejoin"
+            else f"there is no training to inject {mode} into")
+    return (f"run {run_id} is finished: its group ended at step {'?' if step is None else step} "
+            f"({', '.join(done.get('hosts') or [])}); {what} (agents: {plan.get('agents')}); fix: "
+            f"nothing to recover: collect it (playbooks/collect.yml -e collect_run_id={run_id}) for "
+            "its result and report, or start a new run with site.yml")
+
+
+def intent(plan: Mapping[str, Any], check_mode: bool, mode: str, run_id: str, duration_s: Any,
+           timeout_s: Any) -> str:
+    """What kill-node.yml is about to do (or would do, in ``check_mode``), in one line: the fault,
+    the target of ``plan`` (:func:`resolve`) with its rank and the world size (``?`` unknown), the
+    run, the duration of a timed fault (``duration_s`` > 0), the node watched and for how long."""
+    def known(value: Any) -> Any:
+        return "?" if value is None else value
+
+    lasting = f" for {duration_s} s" if float(duration_s or 0) > 0 else ""
+    return (f"{'Would inject' if check_mode else 'Injecting'} {mode} into {plan['target']}"
+            f" (rank {known(plan.get('target_rank'))}, world size {known(plan.get('world_size'))})"
+            f" of run {run_id}{lasting}; watching from {plan['probe']} for up to {timeout_s} s")
+
+
+def wait_timeout(mode: str, given_s: Any, default_s: Mapping[str, Any], duration_s: Any) -> int:
+    """How long kill-node.yml waits for the recovery, in s: ``given_s`` (``fault_wait_timeout_s``)
+    when > 0, else the mode's default (``fault_default_wait_s[mode]``) plus the fault's duration
+    (timed faults). Raises KeyError for a mode without a default, ValueError for a non-number."""
+    given = int(float(given_s or 0))
+    return given if given > 0 else int(float(default_s[mode])) + int(float(duration_s or 0))
+
+
+def down_hosts(up: Mapping[str, Any]) -> str:
+    """The hosts that are not up (``up``: host -> ``__fault_up``, None when unknown), comma-separated
+    as ``python -m ddplab.controller.summary faults --down`` takes them ('' when all are up)."""
+    return ",".join(h for h, is_up in up.items() if not is_up)
+
+
+def measured_lines(table: Sequence[str], run_dir: str, report: bool) -> list[str]:
+    """The measurement's output (``table``: the lines ``summary faults`` printed), a blank line and
+    where summary.json is, and report.html when it exists (``report``)."""
+    where = [f"summary: {run_dir}/summary.json"] + ([f"report: {run_dir}/report.html"] if report else [])
+    return [*table, "", *where]
+
+
+# torchrun's "Root Cause" block, e.g. "  exitcode  : -9 (pid: 12186)  (SIGKILL)"
+_ROOT_CAUSE = re.compile(r"exitcode\s+:\s*([^\n]+)")
+
+
+def agent_end(host: str, unit: Mapping[str, Any] | None, journal: str | None) -> str:
+    """How one agent ended, in words: ``host: ActiveState`` (``?`` unknown), ``(exit N)`` for a
+    non-zero ExecMainStatus, ``torchrun gave up (no restart left)`` when its journal (the tail of
+    ``journalctl -u UNIT``) holds ChildFailedError (a worker group failed with no restart left),
+    and the exit code of the Root Cause block's last ``exitcode :`` line (the first failed worker)."""
+    unit, journal = unit or {}, journal or ""
+    status = str(unit.get("ExecMainStatus", "0"))
+    roots = _ROOT_CAUSE.findall(journal)
+    return "".join([
+        f"{host}: {unit.get('ActiveState', '?')}",
+        f" (exit {status})" if status != "0" else "",
+        ", torchrun gave up (no restart left)" if "ChildFailedError" in journal else "",
+        f", first failed worker: exit code {' '.join(roots[-1].split())}" if roots else "",
+    ])
+
+
+def not_recovered(progress: Mapping[str, Any], run_id: str, mode: str, target: str, target_rank: Any,
+                  timeout_s: Any, ends: Mapping[str, Any], unit: str) -> str:
+    """The one-line failure of a fault the job did not recover from: the run, whether it ``ended``
+    or did not recover within ``timeout_s`` (``progress``: ``node_status``'s result, ``phase``
+    ended | waiting), the fault and its target (and rank), each agent's end (``ends``: host ->
+    :func:`agent_end`, None: the host's name alone), the last failure record (200 characters) and
+    the fix."""
+    ended = progress.get("phase") == "ended"
+    cause = str((progress.get("measure") or {}).get("cause") or "none")
+    agents = "; ".join(str(end or host) for host, end in ends.items())
+    rank = f" (rank {target_rank})" if target_rank is not None else ""
+    # the watched node's job ended, but an agent still runs elsewhere: the job is not over
+    training = [h for h, end in ends.items() if str(end or "").startswith(f"{h}: active")]
+    if ended and training:
+        fix = (f"The job still runs on {', '.join(training)}: the node watched ended (another fault there?);"
+               " `ansible-playbook status.yml` shows the job")
+    elif ended:
+        fix = ("The job is over; fix: start a new run with site.yml (more faults per run need a higher"
+               " ddp_job_max_restarts)")
+    else:
+        fix = f"Fix: look at journalctl -u {unit} on the nodes, or wait longer (-e fault_wait_timeout_s=...)"
+    how = f"did not recover within {timeout_s} s"
+    if ended:
+        how = "lost sight of the job" if training else "ended"
+    return (f"run {run_id} {how} after {mode} of {target}{rank}. Agents: {agents}."
+            f" Last failure record: {do_truncate(JINJA, cause, 200, leeway=5)}. {fix}")
+
+
+class FilterModule:
+    """Ansible filter plugin entry point."""
+
+    def filters(self) -> dict:
+        return {"fault_without_options": without_options, "fault_run_engine": run_engine,
+                "fault_argument_problems": argument_problems, "fault_checked_settings": checked_settings,
+                "fault_agent_states": agent_states, "fault_host_values": host_values,
+                "fault_resolve": resolve, "fault_wait_timeout": wait_timeout, "fault_down_hosts": down_hosts,
+                "fault_agent_end": agent_end, "fault_not_recovered": not_recovered, "fault_intent": intent,
+                "fault_measured_lines": measured_lines,
+                "fault_finished_refusal": finished_refusal}

@@ -1,0 +1,143 @@
+"""Filters of the python_env role: wheel platform tags, pip errors, version mismatches."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+# Legacy manylinux names and the glibc minor version each one stands for (PEP 600).
+_LEGACY = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+
+
+def manylinux_platforms(glibc: str, machine: str) -> list[str]:
+    """Wheel platform tags a node with glibc ``glibc`` (e.g. ``"2.36"``) on ``machine`` accepts.
+
+    Newest first: ``manylinux_2_36_x86_64 ... manylinux_2_5_x86_64`` plus the legacy aliases
+    (PEP 600 / PEP 599). Raises ValueError for a version that is not ``2.N``.
+    """
+    major, _, minor = glibc.partition(".")
+    if major != "2" or not minor.isdigit():
+        raise ValueError(f"not a glibc 2.x version: {glibc!r}")
+    tags = []
+    for m in range(int(minor), 4, -1):
+        tags.append(f"manylinux_2_{m}_{machine}")
+        if m in _LEGACY:
+            tags.append(f"{_LEGACY[m]}_{machine}")
+    return tags
+
+
+def pip_error(stderr: str, stdout: str = "") -> str:
+    """One line saying why ``pip download``/``pip install`` failed, from its stderr and stdout
+    (pip prints the explanation of a resolution conflict on stdout).
+
+    Prefers pip's "Could not find a version that satisfies ..." line (it lists the versions on
+    offer); otherwise names packages without a matching distribution and any pip constraint
+    (pip.conf / PIP_CONSTRAINT) that excluded the request; otherwise the first ``ERROR:`` line,
+    else the last line.
+    """
+    lines = [ln.strip() for ln in f"{stdout or ''}\n{stderr or ''}".splitlines() if ln.strip()]
+    errors = [ln[len("ERROR:"):].strip() for ln in lines if ln.startswith("ERROR:")]
+    for err in errors:
+        if err.startswith("Could not find a version that satisfies"):
+            return err
+    parts = []
+    for i, line in enumerate(lines):
+        if "no matching distributions available" in line and i + 1 < len(lines):
+            parts.append(f"no matching distribution of {lines[i + 1]} for the nodes' Python/platform")
+        if line.startswith("The user requested (constraint)"):
+            parts.append(f"pip constraint {line.split(')', 1)[1].strip()} excludes it")
+    if parts:
+        return "; ".join(parts)
+    if errors:
+        return errors[0]
+    return lines[-1] if lines else "no output"
+
+
+def mismatch_summary(values: dict) -> str:
+    """Describe which hosts differ from the most common value; ``""`` when all are equal.
+
+    ``values``: ``{host: str}``. Example: ``"laptop-c has 3.12 (laptop-a, laptop-b have 3.11)"``.
+    Ties go to the value of the first host in order.
+    """
+    counts = Counter(values.values())
+    if len(counts) <= 1:
+        return ""
+    order = list(dict.fromkeys(values.values()))
+    common = max(order, key=lambda v: (counts[v], -order.index(v)))
+    odd = [v for v in order if v != common]
+    parts = []
+    for value in odd:
+        hosts = [h for h, v in values.items() if v == value]
+        parts.append(f"{', '.join(hosts)} {'has' if len(hosts) == 1 else 'have'} {value}")
+    majority = [h for h, v in values.items() if v == common]
+    return (f"{'; '.join(parts)} ({', '.join(majority)} "
+            f"{'has' if len(majority) == 1 else 'have'} {common})")
+
+
+def dist_info_globs(requirements: list[str]) -> list[str]:
+    """Globs of the ``*.dist-info`` folders pip leaves in site-packages for pinned requirements
+    (``name==version``; the name normalised as in wheel file names: ``-``/``.`` -> ``_``, PEP 427),
+    e.g. ``torch==2.13.0`` -> ``torch-2.13.0*.dist-info`` (a local version ``+cpu`` matches too).
+    Raises ValueError for a requirement that is not pinned with ``==``.
+    """
+    out = []
+    for req in requirements:
+        name, sep, version = str(req).partition("==")
+        if not sep or not name.strip() or not version.strip():
+            raise ValueError(f"not a pinned requirement (name==version): {req!r}")
+        norm = name.strip().replace("-", "_").replace(".", "_")
+        out.append(f"{norm}-{version.strip()}*.dist-info")
+    return out
+
+
+def copy_plan(files: list[dict]) -> list[dict]:
+    """The wheels of ``ansible.builtin.find`` results (``path``, ``size`` in bytes), smallest first,
+    each with ``label``: ``<k>/<n> <name> (<size> MB; <so far> of <total> MB)``, the progress
+    line Ansible prints when that file has been copied.
+    """
+    ordered = sorted(files, key=lambda f: (int(f.get("size", 0)), str(f["path"])))
+    total = sum(int(f.get("size", 0)) for f in ordered) / 1e6
+    out, so_far = [], 0.0
+    for k, f in enumerate(ordered, 1):
+        size = int(f.get("size", 0)) / 1e6
+        so_far += size
+        name = str(f["path"]).rsplit("/", 1)[-1]
+        out.append({"path": str(f["path"]), "name": name,
+                    "label": f"{k}/{len(ordered)} {name} ({size:.1f} MB; {so_far:.0f} of {total:.0f} MB)"})
+    return out
+
+
+def venv_problem(cfg_text: str, rc: object, stdout: str, error: str, node_version: str, prefix: str,
+                 python: str) -> str:
+    """Why the venv at ``prefix`` must be rebuilt, in one line; "" when it is sound or absent.
+
+    ``cfg_text``: its ``pyvenv.cfg`` ("" when there is no venv: made fresh); ``rc``, ``stdout``,
+    ``error``: what ``<prefix>/bin/python -c 'print(platform.python_version())'`` did; the node's
+    ``python`` is ``node_version``. A venv whose Python no longer runs (a distro upgrade removed
+    it: pip then fails with "Error executing command.") or runs another major.minor than the node's
+    Python is rebuilt: it holds only packages the wheelhouse reinstalls.
+    """
+    if not (cfg_text or "").strip():
+        return ""
+    cfg = dict((k.strip(), v.strip()) for k, _, v in (ln.partition("=") for ln in cfg_text.splitlines()) if _)
+    made = cfg.get("version") or cfg.get("version_info") or "?"
+    home = cfg.get("home", "?")
+    if str(rc) != "0":
+        # the command module says only "Error executing command." for a program it cannot start
+        why = [ln for ln in (error or "").strip().splitlines() if "Error executing command" not in ln]
+        cause = why[-1].strip() if why else f"{prefix}/bin/python cannot be started"
+        return (f"the venv {prefix} was made by Python {made} ({home}), which no longer runs ({cause}):"
+                f" rebuilding it with {python} {node_version} from the wheelhouse")
+    got = (stdout or "").strip()
+    if got.split(".")[:2] != str(node_version).split(".")[:2]:
+        return (f"the venv {prefix} runs Python {got}, but {python} is {node_version} (its packages are"
+                f" built for {got}): rebuilding it with {python} {node_version} from the wheelhouse")
+    return ""
+
+
+class FilterModule:
+    """Ansible filter plugin entry point."""
+
+    def filters(self) -> dict:
+        return {"manylinux_platforms": manylinux_platforms, "pip_error": pip_error,
+                "mismatch_summary": mismatch_summary, "python_env_dist_info_globs": dist_info_globs,
+                "python_env_copy_plan": copy_plan, "python_env_venv_problem": venv_problem}

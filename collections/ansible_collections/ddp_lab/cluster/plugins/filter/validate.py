@@ -1,0 +1,440 @@
+"""Filters of the validate role: turn what the read-only checks read into facts (routes, lock
+holders, clock offsets, unit properties, the doctor's table); the action plugin validate_check
+(plugins/action/validate_check.py) builds every check record from them.
+
+Every function is pure (no I/O besides importing the training package's config module) and is
+unit-tested in tests/test_role_filters.py, tests/test_bad_input_preflight.py and
+tests/test_validate_check.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import ipaddress
+import json
+import os
+import re
+import shlex
+from datetime import UTC, datetime
+from pathlib import Path
+
+from ddplab import config as ddplab_config
+from ddplab import units as ddplab_units
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+
+def shared_values(values: dict) -> list[str]:
+    """Groups of keys that map to the same value, as text: ``["a and b share 10.0.0.5"]``.
+
+    ``values``: ``{host: value}``; None and empty values are ignored. Order follows the dict.
+    """
+    seen: dict[str, list[str]] = {}
+    for key, value in values.items():
+        if value in (None, ""):
+            continue
+        seen.setdefault(str(value), []).append(str(key))
+    return [f"{' and '.join(keys)} share {value}" for value, keys in seen.items() if len(keys) > 1]
+
+
+def sharing_keys(values: dict) -> dict[str, list[str]]:
+    """``{key: [other keys with the same value]}`` for every key whose value is not unique.
+
+    ``values`` as in :func:`shared_values`; keys with a unique (or empty) value are left out.
+    """
+    seen: dict[str, list[str]] = {}
+    for key, value in values.items():
+        if value not in (None, ""):
+            seen.setdefault(str(value), []).append(str(key))
+    return {key: [k for k in keys if k != key] for keys in seen.values() if len(keys) > 1 for key in keys}
+
+
+def connection_targets(hosts: list, hostvars) -> dict:
+    """``{host: machine}``: each host's ``ansible_host``, or its inventory name when unset."""
+    targets = {}
+    for host in hosts:
+        value = hostvars[host].get("ansible_host") if host in hostvars else None
+        targets[host] = value or host
+    return targets
+
+
+def is_loopback(address) -> bool:
+    """True for an IPv4/IPv6 loopback address (127.0.0.0/8, ::1); False for anything else."""
+    try:
+        return ipaddress.ip_address(str(address).strip()).is_loopback
+    except ValueError:
+        return False
+
+
+def loopbacks(addresses: list) -> list:
+    """The loopback addresses among ``addresses`` (see :func:`is_loopback`)."""
+    return [a for a in addresses or [] if is_loopback(a)]
+
+
+def is_ipv4(address) -> bool:
+    """True for a dotted-quad IPv4 address (no surrounding spaces, no leading zeros)."""
+    try:
+        ipaddress.IPv4Address(str(address))
+    except ValueError:
+        return False
+    return True
+
+
+def spec_options(specs: dict) -> dict:
+    """The options of several roles' ``meta/argument_specs.yml`` (entry point ``main``), merged,
+    for ``ansible.builtin.validate_argument_spec`` on values that are already set.
+
+    ``specs``: ``{role: parsed argument_specs.yml}``. Defaults, ``required`` and descriptions are
+    dropped (defaults are the roles' own business and may be unrendered templates; a variable
+    that is required where its role runs need not be set for every host); each option keeps its
+    type, elements, choices and sub-options. Raises KeyError when a spec has no ``main`` entry.
+    """
+    def strip(option: dict) -> dict:
+        out = {k: v for k, v in option.items()
+               if k not in ("default", "description", "version_added", "required")}
+        if isinstance(out.get("options"), dict):
+            out["options"] = {name: strip(sub) for name, sub in out["options"].items()}
+        return out
+
+    merged: dict = {}
+    for _role, spec in specs.items():
+        for name, option in (spec["argument_specs"]["main"].get("options") or {}).items():
+            merged[name] = strip(option)
+    return merged
+
+
+def spec_owners(specs: dict) -> dict[str, str]:
+    """``{variable: role}`` for every option of the given roles' ``main`` argument specs."""
+    return {name: role for role, spec in specs.items()
+            for name in (spec["argument_specs"]["main"].get("options") or {})}
+
+
+def train_config_error(values: dict) -> str:
+    """The training program's verdict on a run configuration: ``""`` when valid, else its message.
+
+    ``values``: the run.json keys ddp-lab sets (``ddplab.config.TrainConfig`` fields). The
+    controller-side twin of ``python -m ddplab.train --check``: the same ``build_config`` decides,
+    before any node is touched. Needs no torch.
+    """
+    try:
+        ddplab_config.build_config(json_values=dict(values))
+    except ddplab_config.ConfigError as exc:
+        return str(exc)
+    return ""
+
+
+# The playbook variables that give run.json keys (roles/ddp_job/vars/main.yml __ddp_job_config);
+# any other key comes from ddp_job_train_overrides, which is combined last.
+RESUME_VARS = {"ddp_job_preset": "preset", "ddp_job_max_steps": "max_steps",
+               "ddp_job_lr_ramp_steps": "lr_ramp_steps", "ddp_job_fault_tolerance": "fault_tolerance",
+               "ddp_job_dataset_sha256": "data_sha256", "ddp_job_grad_compression": "grad_compression",
+               "ddp_job_powersgd_rank": "powersgd_rank", "ddp_job_powersgd_start_step": "powersgd_start_step",
+               "ddp_job_sync_every": "sync_every", "ddp_job_outer_lr": "outer_lr",
+               "ddp_job_outer_momentum": "outer_momentum", "ddp_job_batch_balance": "batch_balance"}
+CHECKPOINT = re.compile(r"^ckpt-(\d{8,})\.pt$")  # ddplab.checkpoint's file names
+
+
+def _first_difference(plans: dict) -> str:
+    """``key: host a, host b`` for the first run.json key the trainers' resume plans disagree on."""
+    hosts = sorted(plans)
+    for key in sorted({k for p in plans.values() for k in p.settings}):
+        values = [plans[h].settings.get(key) for h in hosts]
+        if len({json.dumps(v, default=str) for v in values}) > 1:
+            return f"{key}: " + ", ".join(f"{h} {v!r}" for h, v in zip(hosts, values, strict=True))
+    return "-"
+
+
+def resume_plan(nodes: dict, run_id: str, given_vars: dict, looked_in: str = "") -> dict:
+    """What a resume of ``run_id`` trains with, judged before anything starts.
+
+    ``nodes``: trainer -> ``{checkpoints: [file names in runs/<run_id>/checkpoints], run_json: the
+    text of its runs/<run_id>/run.json ('' when missing)}``; ``given_vars``: the variables the user
+    set (a host's ``hostvars``: inventory, -e and facts, no role defaults), of which
+    :data:`RESUME_VARS` and ``ddp_job_train_overrides`` are read; ``looked_in``: the checkpoint
+    folder, for the message.
+
+    Returns ``{problems, warnings, settings, changes, engine, step, holders}``: ``problems`` one
+    line each (none: go ahead); ``settings`` the run.json keys the resume takes from the run
+    (``ddplab.config.resume_plan``, the run's run.json as the nodes that hold its checkpoints
+    keep it); ``changes`` the given values that differ from the run's; ``engine`` the run's
+    recovery engine (None when unknown); ``step`` the newest checkpoint step on any node.
+    """
+    out: dict = {"problems": [], "warnings": [], "settings": {}, "changes": [], "engine": None,
+                 "step": None, "holders": []}
+    steps = {h: [int(m.group(1)) for n in (v or {}).get("checkpoints") or []
+                 if (m := CHECKPOINT.match(str(n)))] for h, v in nodes.items()}
+    out["holders"] = sorted(h for h, s in steps.items() if s)
+    if not out["holders"]:
+        out["problems"].append(
+            f"no trainer holds a checkpoint of run {run_id} (looked in {looked_in or run_id + '/checkpoints'}"
+            f" on {', '.join(sorted(nodes))}); fix: pick a run id from runs/ on the controller or leave"
+            " ddp_job_resume_run_id empty to start a new run")
+        return out
+    out["step"] = max(max(s) for s in steps.values() if s)
+    given_vars = {k: given_vars[k] for k in (*RESUME_VARS, "ddp_job_train_overrides") if k in given_vars}
+    given = {RESUME_VARS[k]: v for k, v in given_vars.items() if k in RESUME_VARS and v is not None}
+    overrides = given_vars.get("ddp_job_train_overrides") or {}
+    given.update(overrides if isinstance(overrides, dict) else {})
+    names = {key: var for var, key in RESUME_VARS.items() if key not in overrides}
+    names.update({key: f"ddp_job_train_overrides.{key}" for key in overrides if isinstance(overrides, dict)})
+    plans, unreadable = {}, []
+    for host in out["holders"]:
+        text = str((nodes[host] or {}).get("run_json") or "")
+        try:
+            recorded = json.loads(text) if text.strip() else None
+            plans[host] = None if recorded is None else ddplab_config.resume_plan(
+                run_id, recorded, given, out["step"], names)
+        except (ValueError, TypeError, ddplab_config.ConfigError) as exc:
+            unreadable.append(f"{host} ({exc})")
+    found = {h: p for h, p in plans.items() if p is not None}
+    if unreadable:
+        out["problems"].append(
+            f"run {run_id}: the run's settings cannot be read on {', '.join(unreadable)}; fix: restore its"
+            f" runs/{run_id}/run.json from the controller's runs/{run_id}/<laptop>/run.json")
+        return out
+    if not found:
+        out["warnings"].append(
+            f"run {run_id}: no trainer holding its checkpoints has its run.json; the resume trains with the"
+            " settings given now (give the run's max_steps, preset, engine and overrides again)")
+        return out
+    distinct = {json.dumps(p.settings, sort_keys=True, default=str) for p in found.values()}
+    if len(distinct) > 1:
+        out["problems"].append(
+            f"run {run_id}: the trainers hold different settings for it in runs/{run_id}/run.json"
+            f" ({_first_difference(found)});"
+            " fix: copy one laptop's run.json to the others, or give the settings explicitly")
+        return out
+    plan = found[sorted(found)[0]]
+    out["problems"] += plan.conflicts
+    out["settings"], out["changes"] = plan.settings, plan.changes
+    out["engine"] = plan.settings.get("fault_tolerance", given.get("fault_tolerance"))
+    return out
+
+
+def route_info(stdout: str) -> dict:
+    """``{dev, src}`` of one line of ``ip -4 -o route get ADDR`` (None where missing)."""
+    dev = re.search(r"\bdev\s+(\S+)", stdout or "")
+    src = re.search(r"\bsrc\s+(\S+)", stdout or "")
+    return {"dev": dev.group(1) if dev else None, "src": src.group(1) if src else None}
+
+
+def _major_minor(dev: int) -> tuple[int, int]:
+    return os.major(int(dev)), os.minor(int(dev))
+
+
+def lock_holders(proc_locks: str, files: list) -> list[dict]:
+    """Processes that hold a lock on one of ``files``, read from ``/proc/locks``.
+
+    ``files``: ``find`` results (``path``, ``dev``, ``inode``). A ``/proc/locks`` line reads
+    ``1: POSIX  ADVISORY  WRITE 812 08:02:1311 0 EOF`` (pid, major:minor in hex, inode);
+    ``->`` lines are waiters, not holders. Returns ``[{path, pid}]`` (pid as int).
+    """
+    wanted = {}
+    for f in files or []:
+        major, minor = _major_minor(f["dev"])
+        wanted[(major, minor, int(f["inode"]))] = f["path"]
+    holders = []
+    for line in (proc_locks or "").splitlines():
+        fields = line.split()
+        if len(fields) < 6 or "->" in fields[:2]:
+            continue
+        match = re.fullmatch(r"([0-9a-f]+):([0-9a-f]+):(\d+)", fields[5])
+        if not match or not fields[4].isdigit():
+            continue
+        key = (int(match.group(1), 16), int(match.group(2), 16), int(match.group(3)))
+        if key in wanted:
+            holders.append({"path": wanted[key], "pid": int(fields[4])})
+    return holders
+
+
+def clock_offset(date_time: dict, before: float, after: float) -> dict:
+    """A node's clock against the controller's.
+
+    ``date_time``: the node's ``ansible_date_time`` fact (``epoch_int`` + ``iso8601_micro``, UTC);
+    ``before``/``after``: the controller's epoch seconds just before and after the node read its
+    clock. Returns ``{offset_s, uncertainty_s, beyond_s}``: the offset of the node from the middle
+    of that interval (+ = node ahead), half the interval, and by how much the node's time lies
+    outside the interval at least (0 when inside: no skew can be shown).
+    """
+    stamp = datetime.strptime(date_time["iso8601_micro"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    node = stamp.timestamp()
+    before, after = float(before), float(after)
+    beyond = max(node - after, before - node, 0.0)
+    return {"offset_s": round(node - (before + after) / 2, 3),
+            "uncertainty_s": round((after - before) / 2, 3), "beyond_s": round(beyond, 3)}
+
+
+def show_props(show: str) -> dict[str, str]:
+    """``KEY=VALUE`` lines of ``systemctl show`` as a dict."""
+    props: dict[str, str] = {}
+    for line in (show or "").splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            props[key] = value
+    return props
+
+
+def unit_environment(props: dict[str, str]) -> dict[str, str]:
+    """The unit's ``Environment`` property (space-separated ``KEY=VALUE`` words) as a dict."""
+    env = {}
+    for word in shlex.split(props.get("Environment", "") or ""):
+        key, _, value = word.partition("=")
+        env[key] = value
+    return env
+
+
+def interface_addresses(stdout: str) -> list[dict]:
+    """Addresses of ``ip -o addr show dev IF``, in the kernel's order: ``[{family, address, label}]``.
+
+    ``family`` is ``inet`` or ``inet6``; ``label`` is the IPv4 address's label (``eth0`` or
+    ``eth0:1``; the name ``getifaddrs`` reports), for IPv6 the interface name.
+    """
+    found = []
+    for line in (stdout or "").splitlines():
+        head = line.split("\\", 1)[0].split()
+        if len(head) < 4 or head[2] not in ("inet", "inet6"):
+            continue
+        found.append({"family": head[2], "address": head[3].split("/", 1)[0],
+                      "label": head[-1] if head[2] == "inet" else head[1]})
+    return found
+
+
+def gloo_ifname_address(addresses: list[dict], ifname: str) -> str | None:
+    """The address gloo binds for ``GLOO_SOCKET_IFNAME=ifname``: the first ``getifaddrs`` entry
+    named ``ifname`` (IPv4 entries come before IPv6 ones; a labelled IPv4 address is named by its
+    label, so it does not match). None when the interface has no address under that name."""
+    for family in ("inet", "inet6"):
+        for entry in addresses:
+            if entry["family"] == family and entry["label"] == ifname:
+                return entry["address"]
+    return None
+
+
+def unit_launch(show: str) -> dict:
+    """What the node's last agent launch passed, from ``systemctl show UNIT -p
+    LoadState,ExecStart,Environment``: ``{loaded, local_addr, rdzv_endpoint, gloo_socket_ifname}``.
+
+    ``ExecStart`` is read by the training package's one parser of it (``ddplab.units``, which
+    ``ddplab.status`` uses on the nodes); ``Environment`` is space-separated ``KEY=VALUE`` words.
+    Values not passed are None.
+    """
+    props = show_props(show)
+    argv = ddplab_units.exec_start_argv(props.get("ExecStart", ""))
+    env = unit_environment(props)
+    return {"loaded": props.get("LoadState") == "loaded" and bool(argv),
+            "local_addr": ddplab_units.option_value(argv, "--local-addr"),
+            "rdzv_endpoint": ddplab_units.option_value(argv, "--rdzv-endpoint"),
+            "gloo_socket_ifname": env.get("GLOO_SOCKET_IFNAME")}
+
+
+def proc_cmdline(content: str) -> str:
+    """A process's command line from the base64 ``slurp`` of ``/proc/PID/cmdline`` (NUL-separated),
+    as one line; "" when empty."""
+    raw = base64.b64decode(content or "")
+    return " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part)
+
+
+def proc_ppid(stat: str) -> int:
+    """The parent pid from the text of ``/proc/PID/stat`` (the field after the state, which
+    follows the parenthesised command name)."""
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def check_table(results: list, title: str) -> str:
+    """The doctor's table of one node: ``check | status | detail`` (statuses upper-case) under
+    ``== title ==``, drawn by ``rich`` (plain text, no colour codes; details never wrapped)."""
+    table = Table(box=box.MARKDOWN, show_edge=False, pad_edge=False)
+    for column in ("check", "status", "detail"):
+        table.add_column(column, no_wrap=True, overflow="ignore")
+    for r in results or []:
+        detail = " ".join(str(r.get("detail", "")).split())
+        table.add_row(Text(str(r.get("check", ""))), Text(str(r.get("status", "")).upper()), Text(detail))
+    console = Console(file=io.StringIO(), width=100000, color_system=None, force_terminal=False)
+    console.print(table)
+    return "\n".join([f"== {title} =="] + [line.rstrip() for line in console.file.getvalue().splitlines()])
+
+
+def range_problems(values: dict, rules: list, skip: list | None = None) -> list[str]:
+    """Range violations, one text each: ``"ddp_job_stop_timeout_s = 0 must be > 0"``.
+
+    ``values``: ``{name: value}``; ``rules``: ``[{name, min?, above?, max?, why?}]`` (``min``/``max``
+    inclusive, ``above`` exclusive, ``why`` appended in parentheses); names missing from ``values``
+    or listed in ``skip`` (e.g. those that already failed their type check) are left out. A value
+    that is not a number is reported as such.
+    """
+    out = []
+    for rule in rules:
+        name = rule["name"]
+        if name not in values or name in (skip or []) or values[name] is None:
+            continue
+        value = values[name]
+        try:
+            if isinstance(value, bool):
+                raise ValueError
+            number = float(value)
+        except (TypeError, ValueError):
+            out.append(f"{name} = {value!r} is not a number")
+            continue
+        limits = []
+        if "min" in rule:
+            limits.append((number >= rule["min"], f">= {rule['min']}"))
+        if "above" in rule:
+            limits.append((number > rule["above"], f"> {rule['above']}"))
+        if "max" in rule:
+            limits.append((number <= rule["max"], f"<= {rule['max']}"))
+        if not all(ok for ok, _ in limits):
+            why = f" ({rule['why']})" if rule.get("why") else ""
+            out.append(f"{name} = {value} must be {' and '.join(text for _, text in limits)}{why}")
+    return out
+
+
+def path_chain(path: str) -> list[str]:
+    """``/var/lib/ddp-lab`` -> ``["/var/lib/ddp-lab", "/var/lib", "/var", "/"]`` (absolute paths)."""
+    current = Path(str(path))
+    chain = [str(current)]
+    while current.parent != current:
+        current = current.parent
+        chain.append(str(current))
+    return chain
+
+
+def odd_ones(values: dict, prefer=None) -> dict:
+    """The most common value of ``{host: value}`` and the hosts that differ from it.
+
+    None values are ignored. Ties go to ``prefer`` when it is among them, else to the value seen
+    first. Returns ``{reference, odd: [hosts]}`` (reference None when every value is None).
+    """
+    counts: dict = {}
+    for value in values.values():
+        if value is not None:
+            counts[value] = counts.get(value, 0) + 1
+    if not counts:
+        return {"reference": None, "odd": []}
+    best = max(counts.values())
+    tied = [v for v, c in counts.items() if c == best]
+    reference = prefer if prefer in tied else tied[0]
+    return {"reference": reference, "odd": [h for h, v in values.items() if v is not None and v != reference]}
+
+
+class FilterModule:
+    """Ansible filter plugin entry point."""
+
+    def filters(self) -> dict:
+        return {
+            "connection_targets": connection_targets,
+            "validate_is_loopback": is_loopback,
+            "validate_is_ipv4": is_ipv4,
+            "validate_spec_options": spec_options,
+            "validate_route": route_info,
+            "validate_lock_holders": lock_holders,
+            "validate_clock": clock_offset,
+            "validate_table": check_table,
+            "validate_proc_cmdline": proc_cmdline,
+            "validate_proc_ppid": proc_ppid,
+            "validate_odd_ones": odd_ones,
+            "validate_path_chain": path_chain,
+            "validate_resume_plan": resume_plan,
+        }

@@ -1,0 +1,127 @@
+"""benchmarks/lowcomm.py on recorded inputs: each mode's playbook variables, a run's figures from
+its collected folder (NIC and model bytes per step after the first, step time, tokens/s, the
+communication share, the final val loss), the table with the noise band, the results file."""
+
+import json
+from pathlib import Path
+
+import lowcomm
+import pytest
+
+
+def test_each_mode_is_its_engine_and_compression():
+    def values(mode, preset="small"):
+        extra = lowcomm.mode_vars(mode, 500, 7, preset)
+        plain = dict(e.split("=", 1) for e in extra if not e.startswith("{"))
+        return plain, json.loads(extra[-1])["ddp_job_train_overrides"]
+
+    plain, over = values("bf16")
+    assert plain["ddp_job_fault_tolerance"] == "torchelastic" and plain["ddp_job_grad_compression"] == "bf16"
+    assert over == {
+        "log_interval": 1,
+        "eval_interval": 500,
+        "ckpt_interval": 5000,
+        "seed": 7,
+        "sample_chars": 0,
+    }
+    assert values("fp32")[0]["ddp_job_grad_compression"] == "none"
+    assert values("powersgd")[0]["ddp_job_powersgd_start_step"] == "10"
+    assert values("powersgd", "gpt2")[0]["ddp_job_powersgd_start_step"] == "2"
+    plain, _ = values("diloco-50")
+    assert plain["ddp_job_fault_tolerance"] == "diloco" and plain["ddp_job_sync_every"] == "50"
+    assert plain["collect_checkpoints"] == "0" and plain["ddp_job_max_steps"] == "500"
+
+
+def make_run(root: Path, name: str, per_step: list[tuple[int, float, float]], val: float) -> Path:
+    """A collected run of two laptops: per step (NIC sent, step s, allreduce s), a val at the end."""
+    run = root / name
+    for host in ("laptop-a", "laptop-b"):
+        recs = [{"event": "start", "time": 1000.0, "host": host, "rank": 0, "local_rank": 0, "world_size": 2}]
+        t = 1000.0
+        for i, (sent, step_s, comm_s) in enumerate(per_step, start=1):
+            t += step_s
+            recs.append(
+                {
+                    "event": "step",
+                    "time": t,
+                    "host": host,
+                    "rank": 0,
+                    "local_rank": 0,
+                    "world_size": 2,
+                    "step": i,
+                    "step_time_s": step_s,
+                    "allreduce_s": comm_s,
+                    "global_batch_size": 10,
+                    "nic_sent_bytes": sent,
+                    "nic_recv_bytes": sent,
+                    "wire_model_bytes": 1000,
+                    "nic_steps": 1,
+                    "max_rss_mb": 300.0,
+                }
+            )
+        recs.append(
+            {
+                "event": "val",
+                "time": t,
+                "host": host,
+                "rank": 0,
+                "local_rank": 0,
+                "world_size": 2,
+                "step": len(per_step),
+                "val_loss": val,
+                "train_loss": val,
+            }
+        )
+        (run / host / "metrics").mkdir(parents=True)
+        (run / host / "metrics" / f"{host}-local0.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in recs)
+        )
+        (run / host / "run.json").write_text(json.dumps({"block_size": 8}))
+    return run
+
+
+def test_a_runs_figures_from_its_folder(tmp_path):
+    run = make_run(
+        tmp_path, "r1", [(9999, 5.0, 4.0), (1100, 1.0, 0.2), (1060, 1.0, 0.2), (1040, 2.0, 0.2)], 2.5
+    )
+    f = lowcomm.figures(run, start=1)
+    assert f["nic_sent"] == pytest.approx((1100 + 1060 + 1040) / 3)  # step 1 (start-up) left out
+    assert f["model"] == 1000 and f["step_s"] == 1.0 and f["val"] == 2.5 and f["nodes"] == 2
+    assert f["comm_share"] == pytest.approx(0.6 / 4.0)
+    assert f["tokens_per_s"] == pytest.approx(3 * 10 * 8 / 4.0)  # steps 2-4 over the time from step 1 to 4
+    assert lowcomm.figures(run, start=3)["nic_sent"] == 1040
+
+
+def test_the_table_sets_every_mode_beside_fp32_and_the_noise_band():
+    def row(mode, seed, sent, val, preset="small"):
+        return {
+            "link_mbit": "1000",
+            "mode": mode,
+            "preset": preset,
+            "seed": seed,
+            "nic_sent": sent,
+            "model": sent,
+            "step_s": 0.2,
+            "tokens_per_s": 1000.0,
+            "comm_share": 0.1,
+            "val": val,
+            "load_start": "3.1 2.0 1.0",
+            "load_end": "4.2 2.0 1.0",
+        }
+
+    rows = [
+        row("fp32", 1, 4e6, 2.00),
+        row("bf16", 1, 2e6, 2.01),
+        row("diloco-50", 1, 5e4, 2.20),
+        row("fp32", 2, 4e6, 1.98),
+        row("fp32", 3, 4e6, 2.02),
+        row("fp32", 1, 5e8, None, "gpt2"),
+    ]
+    text = lowcomm.table(rows)
+    lines = text.splitlines()
+    bf16 = next(line for line in lines if " bf16 " in line)
+    assert "2.0x" in bf16 and " in " in bf16 and "3.1->4.2" in bf16
+    diloco = next(line for line in lines if "diloco-50" in line)
+    assert "80.0x" in diloco and "+0.180" in diloco  # the gap above the band
+    assert lines[-1] == "noise band at 1000 Mbit/s (fp32, 3 seeds): val 1.9800 .. 2.0200"
+    assert "500 MB" in next(line for line in lines if "gpt2" in line)

@@ -1,0 +1,186 @@
+"""benchmarks/scaling.py: the figures of a run from its records, the run settings per
+configuration, and the two tables on recorded inputs (the lab runs themselves are the benchmark)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import scaling as sb
+
+
+def records(hosts: dict[str, float], steps: int, batch: int = 12, evals: dict[int, float] | None = None,
+            allreduce: float = 0.01, pause_at: tuple[int, ...] = ()) -> list[dict]:
+    """Step records of a run whose every step takes the slowest host's compute + ``allreduce`` s
+    (``hosts``: host -> compute s, rank = position), an evaluation after the steps of ``evals``
+    (step -> val loss) taking 5 s, a checkpoint pause after the steps of ``pause_at``."""
+    evals = evals or {}
+    step_s = max(hosts.values()) + allreduce
+    n = len(hosts)
+    out, t = [], 1000.0
+    for rank, host in enumerate(hosts):
+        out.append({"event": "start", "time": t, "host": host, "rank": rank, "params": 800_000, "threads": 1,
+                    "global_batch_size": n * batch})
+    for step in range(1, steps + 1):
+        t += step_s
+        for rank, (host, compute) in enumerate(hosts.items()):
+            out.append({"event": "step", "time": t, "host": host, "rank": rank, "step": step,
+                        "samples_seen": step * n * batch, "step_time_s": step_s, "compute_s": compute,
+                        "allreduce_s": step_s - compute})
+        if step in evals:
+            t += 5.0
+            out += [{"event": "val", "time": t, "host": h, "rank": r, "step": step, "val_loss": evals[step]}
+                    for r, h in enumerate(hosts)]
+        if step in pause_at:
+            t += 2.0
+            out += [{"event": "checkpoint", "time": t, "host": h, "rank": r, "step": step}
+                    for r, h in enumerate(hosts)]
+    return out
+
+
+def test_training_time_leaves_evaluations_and_checkpoints_out():
+    recs = records({"a": 0.09}, 6, evals={3: 2.5}, pause_at=(5,))
+    times = sb.training_times(recs)
+    assert [s for s, _, _ in times] == [1, 2, 3, 4, 5, 6]
+    assert all(t == pytest.approx(0.1) for _, t, _ in times)  # the 5 s eval and 2 s checkpoint are out
+    assert times[-1][2] == 72
+
+
+def test_training_time_needs_a_record_every_step():
+    recs = [r for r in records({"a": 0.09}, 6) if r.get("step") != 4]
+    with pytest.raises(ValueError, match="not one per step"):
+        sb.training_times(recs)
+    with pytest.raises(ValueError, match="rank 0 wrote no step records"):
+        sb.training_times([])
+
+
+def test_tokens_per_s_after_the_skipped_fraction():
+    times = [(1, 1.0, 12), (2, 1.0, 24), (3, 0.5, 36), (4, 0.5, 48)]
+    assert sb.tokens_per_s(times, 64, 0.0) == pytest.approx(48 * 64 / 3.0)
+    assert sb.tokens_per_s(times, 64, 0.5) == pytest.approx(24 * 64 / 1.0)  # steps 3, 4
+
+
+def test_time_to_loss_interpolates_between_evaluations():
+    times = [(s, 0.1, 12 * s) for s in range(1, 11)]
+    evals = [(2, 3.0), (4, 2.5), (6, 2.0), (8, 1.9)]
+    t, samples = sb.time_to_loss(times, evals, 2.25)  # halfway from step 4 to 6: step 5
+    assert t == pytest.approx(0.5) and samples == pytest.approx(60)
+    t, samples = sb.time_to_loss(times, evals, 2.0)
+    assert t == pytest.approx(0.6) and samples == 72
+    assert sb.time_to_loss(times, evals, 3.5) == (pytest.approx(0.2), 24)  # the first evaluation already
+    assert sb.time_to_loss(times, evals, 1.0) is None
+
+
+def test_run_figures_of_unequal_nodes_wait_for_the_slowest():
+    recs = records({"laptop-a": 0.1, "laptop-b": 0.1, "laptop-c": 0.2}, 10, evals={5: 2.4, 10: 2.0})
+    f = sb.run_figures(recs, 64, 2.2, 0.0)
+    assert f["tokens_per_s"] == pytest.approx(36 * 64 / 0.21)
+    assert f["hosts"]["laptop-c"]["compute_s"] == pytest.approx(0.2)
+    assert f["hosts"]["laptop-a"]["allreduce_s"] == pytest.approx(0.11)  # waits for laptop-c
+    assert f["allreduce_share"] == pytest.approx(0.11 / 0.21) and f["tail"] == pytest.approx(1.0)
+    assert f["samples_to_target"] == pytest.approx(36 * 7.5) and f["final_val_loss"] == 2.0
+    assert (f["params"], f["threads"], f["global_batch_size"], f["steps"]) == (800_000, 1, 36, 10)
+
+
+def _args(**kw) -> argparse.Namespace:
+    base = {"per_rank_batch": 12, "samples": 12600, "reference_batch": 36, "warmup_samples": 1080,
+            "eval_samples": 600, "seed": 1337, "preset": "small", "extra": ["ddp_job_x=1"]}
+    return argparse.Namespace(**{**base, **kw})
+
+
+@pytest.mark.parametrize(
+    ("config", "steps", "warmup", "evals"),
+    [(sb.CONFIGS[0], 1050, 90, 50), (sb.CONFIGS[1], 525, 45, 25), (sb.CONFIGS[2], 350, 30, 17)],
+)
+def test_every_run_trains_the_same_samples_warmup_and_eval_spacing(config, steps, warmup, evals):
+    extra, variables = sb.train_vars(_args(), config)
+    variables = json.loads(variables)
+    assert extra == "ddp_job_x=1"
+    assert variables["ddp_job_max_steps"] == steps
+    assert (variables["ddp_job_nnodes_min"], variables["ddp_job_nnodes_max"]) == (config.nodes, config.nodes)
+    assert variables["ddp_job_live_report"] is False and variables["ddp_job_watch"] is False
+    o = variables["ddp_job_train_overrides"]
+    assert (o["warmup_steps"], o["eval_interval"], o["ckpt_interval"]) == (warmup, evals, steps)
+    assert (o["log_interval"], o["batch_policy"], o["per_rank_batch_size"]) == (1, "keep_per_rank", 12)
+    assert o["reference_batch_size"] == 36
+
+
+def test_the_balanced_entry_is_one_more_configuration_with_its_variables():
+    balanced = next(c for c in sb.CONFIGS if c.batches == "speed")
+    assert (balanced.label, balanced.cpus) == ("0.6/0.6/0.3 balanced", (0.6, 0.6, 0.3))
+    assert json.loads(sb.train_vars(_args(extra=[]), balanced)[0])["ddp_job_batch_balance"] == "speed"
+
+
+def test_configs_are_picked_by_label_and_an_unknown_one_is_named():
+    assert [c.label for c in sb.pick("3 nodes, 1 node")] == ["1 node", "3 nodes"]  # CONFIGS order
+    assert sb.pick(None) == list(sb.CONFIGS)
+    with pytest.raises(ValueError, match=r"no configuration '4 nodes'; the configurations: 1 node, 2 nodes"):
+        sb.pick("4 nodes")
+
+
+def _run(config: sb.Config, hosts: dict[str, float], ttl_evals: dict[int, float], steps: int, link=930.0):
+    recs = records(hosts, steps, evals=ttl_evals, allreduce=0.0 if len(hosts) == 1 else 0.02)
+    figures = sb.run_figures(recs, 64, 2.1, 0.0)
+    quota_nodes = {f"laptop-{x}": {"quota": q, "busy_cpu": q, "threads": 1, "link_mbit": 1000}
+                   for x, q in zip("abc", config.cpus, strict=False)}
+    return {"config": sb.asdict(config), "run_id": f"r-{config.label}", "figures": figures,
+            "limits": {"nodes": quota_nodes, "link": {"rate_mbit": 1000, "payload_mbit_s": link}},
+            "load_start": "0.5 0.4 0.3", "load_end": "0.6 0.5 0.4"}
+
+
+def test_the_tables_on_recorded_inputs():
+    """1 node 0.1 s a step; 2 and 3 nodes 0.1 s compute + 0.02 s all-reduce (2x and 3x the samples
+    a step); the target reached at 1/1, 1/2 and 1/3 of the steps. Unequal: 0.2 s on the 0.3 node
+    against 0.12 s for 0.5 everywhere, 0.02 s all-reduce."""
+    c1, c2, c3, unequal, balanced, ref = sb.CONFIGS
+    runs = [
+        _run(c1, {"laptop-a": 0.1}, {300: 2.0}, 300),
+        _run(c2, {"laptop-a": 0.1, "laptop-b": 0.1}, {150: 2.0}, 150),
+        _run(c3, {"laptop-a": 0.1, "laptop-b": 0.1, "laptop-c": 0.1}, {100: 2.0}, 100),
+        _run(unequal, {"laptop-a": 0.1, "laptop-b": 0.1, "laptop-c": 0.2}, {}, 100),
+        _run(balanced, {"laptop-a": 0.125, "laptop-b": 0.125, "laptop-c": 0.125}, {}, 100),
+        _run(ref, {"laptop-a": 0.12, "laptop-b": 0.12, "laptop-c": 0.12}, {}, 100),
+    ]
+    results = {"settings": {"preset": "small", "per_rank_batch": 12, "samples": 3600, "link_mbit": 1000,
+                            "target": 2.1, "skip": 0.0}, "runs": runs}
+    text = sb.tables(results)
+    lines: dict[str, str] = {}  # a table row by its first two words (the first of rows alike)
+    for line in text.splitlines():
+        if line.strip():
+            lines.setdefault(" ".join(line.split()[:2]), line)
+    two, three = lines["2 0.6/0.6"].split(), lines["3 0.6/0.6/0.6"].split()
+    assert two[2:6] == ["12,800", "1.67x", "1.9x", ">="] and two[6] == "1.95x"
+    assert three[2:6] == ["19,200", "2.50x", "2.7x", ">="] and three[6] == "2.85x"
+    # the cost model: 1-node compute 0.1 s, D = 4 x 800,000 bytes at 930 Mbit/s: 2(N-1)/N D / B
+    ar3 = 2 * 2 / 3 * 3.2e6 / (930e6 / 8)
+    assert three[7] == f"{3 * 0.1 / (0.1 + ar3):.2f}x" and three[8] == f"{3 * 0.1 / max(0.1, ar3):.2f}x"
+    assert three[10] == "2.50x"  # time to 2.1: 30 s -> 12 s
+    assert lines["3 0.6/0.6/0.6"].endswith("0.5 0.4 0.3 -> 0.6 0.5 0.4")
+    u = lines["0.6/0.6/0.3 0.6/0.6/0.3"].split()
+    assert u[2:5] == ["equal", "10,473", "0.64"]  # 36 x 64 / 0.22 beside 36 x 64 / 0.14
+    # model: the reference's CPU-seconds 0.12 x 0.5 of compute at 0.3 CPU, + its 0.02 s all-reduce
+    assert u[5] == f"{(0.06 / 0.5 + 0.02) / (0.06 / 0.3 + 0.02):.2f}"
+    assert u[6:8] == ["100/100/200", "120/120/20"]
+    b = lines["0.6/0.6/0.3 balanced"].split()
+    assert b[3:7] == ["speed", "15,890", "0.97", ">="] and b[7] == "0.95"  # 36 x 64 / 0.145 s beside / 0.14 s
+    assert "ref" in lines["0.5/0.5/0.5 0.5/0.5/0.5"]
+    assert "laptop-c 0.3/0.30" in text and "link 930 of 1000 Mbit/s" in text
+    assert "BELOW QUOTA" not in text
+    runs[3]["limits"]["nodes"]["laptop-b"]["busy_cpu"] = 0.41  # 0.6 asked: the machine was too busy
+    text = sb.tables(results)
+    assert "run r-0.6/0.6/0.3: laptop-a 0.6/0.60  laptop-b 0.6/0.41  laptop-c 0.3/0.30" in text
+    assert "; BELOW QUOTA: laptop-b" in text
+    assert text.splitlines()[-1].startswith("BELOW QUOTA: a node got less")
+
+
+def test_results_are_written_as_json_and_the_results_file(tmp_path):
+    results = {"settings": {}, "runs": [], "command": "benchmarks/scaling.py --samples 1200",
+               "load_start": "1.00 2.00 3.00", "load_end": "1.00 1.00 1.00"}
+    out = tmp_path / "r" / "bench-scaling.json"
+    paths = sb.write_results(results, "TABLE", out, tmp_path / "results")
+    assert paths == [out, tmp_path / "results" / "scaling.md"]
+    assert json.loads(out.read_text()) == results
+    md = paths[1].read_text()
+    assert "```text\nTABLE\n```" in md and "`benchmarks/scaling.py --samples 1200`" in md
+    assert "before 1.00 2.00 3.00; after 1.00 1.00 1.00" in md and f"raw figures: {out}" in md
