@@ -37,6 +37,8 @@ lighthouse = e2e.lighthouse  # the fixture: a torchft lighthouse on a free port
 
 FAKE = REPO / "tests" / "fake_speed.py"
 # 15 samples a step, at most 4 a pass: shares 9/4/2 need 3 + 1 + 1 passes
+# the elementwise drift of parameters from one process's, per step, by float rounding (see below)
+DRIFT_PER_STEP = 5e-5
 BALANCED = {"batch_balance": "speed", "batch_policy": "keep_global", "global_batch_size": 15,
             "sample_chars": 0}
 
@@ -195,9 +197,11 @@ def test_per_step_replicas_balance_alike_and_a_rejoined_one_gets_the_shares(tmp_
     for step, recs in by_step.items():
         assert len({tuple(r["batch_shares"]) for r in recs}) == 1, (step, recs)
     assert assert_samples_distinct(reps, faults=2) >= 40
-    # the model: the mean over each step's 15 samples, as one process on the same samples, up
-    # to the drift of float rounding through Adam (~2e-3 after 260 steps between 3 DDP ranks with
-    # equal shares and one process; a step weighted wrongly moves the loss by 1e-2 at once)
+    # the model: the mean over each step's 15 samples, as one process on the same samples. The
+    # measure is the validation loss at every evaluation (within 1e-3; a step weighted wrongly
+    # moves the loss by 1e-2 at once). The parameters drift apart elementwise by float rounding
+    # through Adam, about 2e-5 a step (7e-3 after 330 steps) and the test's wall time sets the
+    # number of steps, so their bound grows with it: DRIFT_PER_STEP, twice the rate seen.
     last = max(r["step"] for r in survivors[0].committed())
     one = tmp_path / "one"
     alone(one, data_path, stop_at=last, max_steps=100000, eval_interval=50, ckpt_interval=100000,
@@ -207,7 +211,8 @@ def test_per_step_replicas_balance_alike_and_a_rejoined_one_gets_the_shares(tmp_
     gaps = [abs(v - val[s]) for s, v in val_losses(survivors[0]).items() if s in val]
     print(f"\nper_step balanced, {last} steps: max parameter difference to one process {diff:.2e}, "
           f"val loss at {len(gaps)} evaluations within {max(gaps):.1e}")
-    assert diff < 1e-2 and gaps and max(gaps) < 1e-3
+    assert len(gaps) >= 2 and max(gaps) < 1e-3
+    assert diff < DRIFT_PER_STEP * last, (diff, last)
 
 
 def test_a_balanced_per_step_step_equals_one_process_on_the_same_samples(tmp_path, data_path, lighthouse,
