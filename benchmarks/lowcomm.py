@@ -48,6 +48,7 @@ sys.path[:0] = [str(REPO / "train"), str(REPO / "benchmarks")]
 
 from benchcli import add_results_dir, first_sentence  # noqa: E402  (benchmarks/benchcli.py)
 from ddplab.bench import results  # noqa: E402
+from ddplab.controller.report.html import fmt_bytes  # noqa: E402
 from ddplab.controller.rundir import load_run  # noqa: E402
 from recovery import BenchError, current_run, loadavg, play  # noqa: E402  (benchmarks/recovery.py)
 
@@ -180,15 +181,6 @@ def shape(a: argparse.Namespace, link: str) -> str:
     return f"lab limits: every laptop's egress tbf {link} Mbit/s, CPU quota {a.cpus}"
 
 
-def fmt_bytes(v: float | None) -> str:
-    if v is None:
-        return "-"
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(v) >= size:
-            return f"{v / size:.3g} {unit}"
-    return f"{v:.0f} B"
-
-
 def band(rows: list[dict], link: str) -> tuple[float, float] | None:
     """min..max of the final val loss of the fp32 runs (every seed) of the small preset at ``link``."""
     vals = [
@@ -233,7 +225,7 @@ def table(rows: list[dict]) -> str:
         load = f"{r['load_start'].split()[0]}->{r['load_end'].split()[0]}"
         out.append(
             f"{r['link_mbit']:>5} {r['preset']:<6} {r['mode']:<10} {r['seed']:>5} "
-            f"{fmt_bytes(r['nic_sent']):>13} {fmt_bytes(r['model']):>11} "
+            f"{fmt_bytes(r['nic_sent'], none='-'):>13} {fmt_bytes(r['model'], none='-'):>11} "
             f"{cell(ratio, '.1f') + ('x' if ratio else ''):>9} "
             f"{cell(r['step_s'], '.3f'):>7} {cell(r['tokens_per_s'], ',.0f'):>8} "
             f"{cell(r['comm_share'], '.1%'):>6} {cell(r['val'], '.4f'):>7} {inside:>6} {load:>11}"

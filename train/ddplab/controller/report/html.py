@@ -48,10 +48,11 @@ def _fmt_s(v: float | None, digits: int = 1) -> str:
     return "—" if v is None else f"{v:.{digits}f} s"
 
 
-def _fmt_bytes(v: float | None) -> str:
-    """Bytes in decimal units (B, KB, MB, GB), three significant digits; "—" for None."""
+def fmt_bytes(v: float | None, none: str = "—") -> str:
+    """Bytes in decimal units (B, KB, MB, GB), three significant digits; ``none`` for None (the
+    report's "—"; benchmarks/lowcomm.py's text table passes "-")."""
     if v is None:
-        return "—"
+        return none
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if abs(v) >= size:
             return f"{v / size:.3g} {unit}"
@@ -248,8 +249,8 @@ def render_page(run: RunFolder, findings: list[straggler.StragglerFinding], plot
                "tokens": "—" if w.tokens_per_s is None else f"{w.tokens_per_s:,.0f}"}
               for w in per_world_size(run)]
     wire = [{"host": w.host, "world_size": w.world_size, "mode": f"{w.engine} / {w.grad_compression}",
-             "nic": w.nic or "—", "steps": w.steps, "sent": _fmt_bytes(w.sent), "recv": _fmt_bytes(w.recv),
-             "model": _fmt_bytes(w.model), "ratio": "—" if w.ratio is None else f"{w.ratio:.2f}"}
+             "nic": w.nic or "—", "steps": w.steps, "sent": fmt_bytes(w.sent), "recv": fmt_bytes(w.recv),
+             "model": fmt_bytes(w.model), "ratio": "—" if w.ratio is None else f"{w.ratio:.2f}"}
             for w in wire_rows(run)]
     bands = [{"from": _fmt_clock(b.start, t0), "seconds": f"{b.seconds:.1f}", "cause": b.cause,
               "steps": f"{b.from_step} → {b.to_step}", "label": b.label} for b in no_training_bands(run)]
