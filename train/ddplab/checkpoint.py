@@ -17,7 +17,9 @@ cross-node agreement: the file matches its sidecar when it has one, loads with
 ``accept`` test (its config matches). A loadable file without sidecar (crash between the two
 renames, or a sidecar deleted by hand) is adopted: its sidecar is written. A file that does not
 load or does not match its sidecar is moved aside to ``*.corrupt``. Keep-K counts and deletes
-valid checkpoints only, and prunes nothing after saving a non-finite one.
+valid checkpoints only, and prunes nothing after saving a non-finite one. A file this run cannot
+read, or that ``accept`` refuses (another run's, model's, seed's or dataset's), is never replaced,
+moved or deleted; a run refuses to start below one (:meth:`CheckpointStore.refuse_not_ours`).
 """
 
 from __future__ import annotations
@@ -71,6 +73,9 @@ class ScanResult:
     path: Path | None
     rejected: list[tuple[Path, str]] = field(default_factory=list)
     set_aside: list[Path] = field(default_factory=list)
+    #: the rejected files this run may not overwrite: unreadable by this user, or refused by
+    #: ``accept`` (another run, model, seed or dataset); see :attr:`Verdict.not_ours`
+    not_ours: list[tuple[Path, str]] = field(default_factory=list)
 
     @property
     def found_unusable(self) -> bool:
@@ -93,6 +98,13 @@ class Verdict:
     corrupt: bool = False
     finite: bool | None = None
     adopted: bool = False
+
+    @property
+    def not_ours(self) -> bool:
+        """Invalid, yet neither corrupt (moved aside, kept as ``*.corrupt``) nor non-finite (this
+        run's own divergence): a file this run cannot read or that ``accept`` refused. A run
+        never replaces it at its step nor resumes below it (it would be overwritten)."""
+        return not self.valid and not self.corrupt and self.finite is not False
 
 
 def weights_finite(state: dict[str, Any]) -> bool:
@@ -125,6 +137,16 @@ def serialize(state: dict[str, Any]) -> bytes:
     buf = io.BytesIO()
     torch.save(state, buf)
     return buf.getvalue()
+
+
+def _unreadable(path: Path, exc: OSError) -> str:
+    """Why ``path`` cannot be read, with its owner and mode when it could be stat'ed."""
+    try:
+        st = path.stat()
+    except OSError:
+        return f"unreadable: {exc.strerror or exc}"
+    return (f"unreadable by uid {os.getuid()} ({exc.strerror or exc}; owner uid {st.st_uid}, "
+            f"mode {st.st_mode & 0o7777:04o})")
 
 
 def _one_line(exc: Exception) -> str:
@@ -276,7 +298,7 @@ class CheckpointStore:
         try:
             data = path.read_bytes()
         except OSError as exc:
-            return Verdict(step, False, f"{path.name}: unreadable: {exc.strerror or exc}"), None
+            return Verdict(step, False, f"{path.name}: {_unreadable(path, exc)}"), None
         digest = hashlib.sha256(data).hexdigest()
         expected = self._sidecar_digest(path)
         if expected is not None and expected != digest:
@@ -336,12 +358,35 @@ class CheckpointStore:
         Returns ``(scan, data)`` where ``data`` are its verified bytes (None when none is valid).
         """
         rejected: list[tuple[Path, str]] = []
+        not_ours: list[tuple[Path, str]] = []
         for step in reversed(self.steps()):
             verdict, data = self.inspect(step, repair)
             if verdict.valid:
-                return ScanResult(step, self.path_for(step), rejected, self.set_aside()), data
+                found = ScanResult(step, self.path_for(step), rejected, self.set_aside(), not_ours)
+                return found, data
             rejected.append((self.path_for(step), verdict.reason or "invalid"))
-        return ScanResult(None, None, rejected, self.set_aside()), None
+            if verdict.not_ours:
+                not_ours.append(rejected[-1])
+        return ScanResult(None, None, rejected, self.set_aside(), not_ours), None
+
+    def refuse_not_ours(self) -> None:
+        """Refuse a folder whose newest checkpoints this run could not keep: a file newer than
+        the newest valid one that is unreadable by this user or refused by ``accept`` would be
+        replaced when the run reaches its step (and the older ones pruned around it). Changes
+        nothing on disk.
+
+        Raises:
+            CheckpointError: one line naming the files, why, and the fix.
+        """
+        scan, _ = self.newest_valid(repair=False)
+        if not scan.not_ours:
+            return
+        files = "; ".join(why for _, why in scan.not_ours)
+        raise CheckpointError(
+            f"{self.dir} holds checkpoints this run cannot keep: {files}. A run never overwrites "
+            "or prunes around them: make them readable by uid "
+            f"{os.getuid()} (chown/chmod), move them out of the folder, or set out_dir or "
+            "run_id to start elsewhere")
 
     def load(self, step: int) -> dict[str, Any]:
         """The state of checkpoint ``step`` when it is valid (nothing is repaired).
@@ -362,13 +407,14 @@ class CheckpointStore:
     def save_bytes(self, step: int, data: bytes) -> SaveResult:
         """Write serialized checkpoint ``data`` for ``step`` atomically, then prune to K.
 
-        Does nothing when a valid checkpoint of ``step`` already exists (never overwrites one); an
-        invalid one of that step is replaced (a corrupt one is moved aside first).
+        Does nothing when a valid checkpoint of ``step`` already exists (never overwrites one); a
+        corrupt one of that step is moved aside first, a non-finite one is replaced, one that is
+        not ours (:attr:`Verdict.not_ours`) is never touched.
 
         Raises:
             CheckpointError: ``data`` does not load with ``weights_only=True``, the folder is
-                unusable or the write fails (temp files are removed; existing checkpoints are
-                untouched).
+                unusable, a file not ours holds ``step``, or the write fails (temp files are
+                removed; existing checkpoints are untouched).
         """
         t0 = time.perf_counter()
         state = deserialize(data)  # never write what a resume could not load
@@ -381,8 +427,13 @@ class CheckpointStore:
         tmp_side = side.with_name(f".{side.name}{_TMP_MARK}{os.getpid()}")
         with self._locked():
             self._remove_stale_temps()
-            if path.exists() and self.inspect(step)[0].valid:
-                return SaveResult(step, path, path.stat().st_size, time.perf_counter() - t0, False)
+            if path.exists():
+                verdict = self.inspect(step)[0]
+                if verdict.valid:
+                    return SaveResult(step, path, path.stat().st_size, time.perf_counter() - t0,
+                                      False)
+                if verdict.not_ours:
+                    raise CheckpointError(f"not replacing checkpoint {path}: {verdict.reason}")
             try:
                 _write_durable(tmp, data)
                 _write_durable(tmp_side, text.encode("ascii"))

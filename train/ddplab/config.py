@@ -127,6 +127,9 @@ class TrainConfig:
     threads: int | None = None
     # checkpoints were found but none is usable: start over (True) or stop with an error (False)
     allow_fresh_start: bool = False
+    # checkpoints carry the run id that wrote them; one of another run is refused (never replaced)
+    # unless its run id is this one: continue training from that run's newest checkpoint
+    adopt_run_id: str | None = None
     # recovery engine, a name of the registry ddplab.engines.ENGINES: torchelastic restarts every
     # worker on a membership change; per_step (torchft) keeps the survivors running and re-forms
     # the quorum before each step; diloco (torchft DiLoCo) lets each replica train alone for
@@ -202,6 +205,9 @@ class TrainConfig:
             raise bad("lr_ramp_steps", "must be an integer >= 0 or null (= warmup_steps)")
         if not isinstance(self.allow_fresh_start, bool):
             raise bad("allow_fresh_start", "must be true or false")
+        if self.adopt_run_id is not None and (not isinstance(self.adopt_run_id, str)
+                                              or not self.adopt_run_id.strip()):
+            raise bad("adopt_run_id", "must be a run id (of the checkpoints to continue from) or null")
         for key in ("base_lr", "pg_timeout_s", "divergence_margin"):
             value = getattr(self, key)
             if not _is_real(value) or value <= 0:
@@ -331,7 +337,7 @@ class TrainConfig:
 #: diloco's sync_every, to which its rounds are aligned);
 #: a given value that differs is a conflict. The others may change (e.g. a larger max_steps): the
 #: given value is used and reported. Per-node and per-launch keys (paths, run id, threads, ft_* of
-#: the launch, allow_fresh_start) are the launch's own.
+#: the launch, allow_fresh_start, adopt_run_id) are the launch's own.
 RESUME_FIXED = ("fault_tolerance", "preset", *MODEL_SHAPE_FIELDS, "seed", "data_sha256", "sync_every")
 RESUME_CHANGEABLE = (
     "max_steps", "dropout", "per_rank_batch_size", "global_batch_size", "batch_policy",

@@ -3,10 +3,16 @@
 File: ``<out_dir>/metrics/<hostname>-local<local_rank>.jsonl``, appended across restarts, one
 object a line. Every record carries ``event``, ``time`` (unix s), ``host``, ``rank``,
 ``local_rank``, ``world_size`` and ``restart_count``.
+
+Records stay whole: each is one ``write`` to an ``O_APPEND`` descriptor; a write that fails part
+way (disk full, file size limit) is cut back to the record before it, and a file that ends in a
+torn line (a crash mid-write) gets a newline before the next record, so that record is never
+joined onto the torn one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -48,11 +54,37 @@ class MetricsWriter:
         self.path = self.dir / f"{host}-local{local_rank}.jsonl"
         self.common = {"host": host, "rank": rank, "local_rank": local_rank,
                        "world_size": world_size, "restart_count": restart_count}
+        self._fd: int | None = None
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (lives as long as the run)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._end_torn_line()
         except OSError as exc:
             raise self._error(exc) from None
+
+    def _end_torn_line(self) -> None:
+        """Write a newline when the file does not end with one (its last record was torn)."""
+        size = os.fstat(self._fd).st_size
+        if size == 0:
+            return
+        with open(self.path, "rb") as fh:
+            fh.seek(size - 1)
+            last = fh.read(1)
+        if last != b"\n":
+            self._append(b"\n")
+
+    def _append(self, data: bytes) -> None:
+        """Append ``data`` whole, or cut the file back to its size before (raises OSError)."""
+        before = os.fstat(self._fd).st_size
+        done = 0
+        try:
+            while done < len(data):
+                done += os.write(self._fd, data[done:])
+        except OSError:
+            if done:  # when the cut fails too, the next writer ends the torn line
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, before)
+            raise
 
     def _error(self, exc: OSError) -> OutputError:
         return OutputError(f"cannot write metrics file {self.path} ({exc.strerror or exc}): "
@@ -73,9 +105,9 @@ class MetricsWriter:
         if event not in EVENTS:
             raise ValueError(f"unknown metrics event {event!r}; expected one of {EVENTS}")
         record = {"event": event, "time": round(time.time(), 6), **self.common, **_clean(fields)}
+        line = (json.dumps(record, separators=(",", ":")) + "\n").encode("utf-8")
         try:
-            self._fh.write(json.dumps(record, separators=(",", ":")) + "\n")
-            self._fh.flush()
+            self._append(line)
         except OSError as exc:
             raise self._error(exc) from None
         return record
@@ -83,13 +115,15 @@ class MetricsWriter:
     def sync(self) -> None:
         """fsync the file (at checkpoints, failures and the end). Raises OutputError."""
         try:
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
+            os.fsync(self._fd)
         except OSError as exc:
             raise self._error(exc) from None
 
     def close(self) -> None:
-        if not self._fh.closed:
-            self.sync()
-            self._fh.close()
+        if self._fd is not None:
+            try:
+                self.sync()
+            finally:
+                os.close(self._fd)
+                self._fd = None
 

@@ -129,6 +129,7 @@ class Trainer:
         self.store = CheckpointStore(self.out / "checkpoints", cfg.keep_checkpoints,
                                      accept=self._incompatibility)
         self.store.check(create=False)
+        self.store.refuse_not_ours()
         for folder, what in ((self.out, "output"), (self.store.dir, "checkpoint"),
                              (self.out / "metrics", "metrics")):
             check_writable_dir(folder, what, create=not check_only)
@@ -241,7 +242,14 @@ class Trainer:
                  for k in (*MODEL_SHAPE_FIELDS, "seed") if saved.get(k) != getattr(self.cfg, k)]
         if self.data is not None and state.get("vocab") != self.data.vocab.chars:
             diffs.append("vocabulary differs (another dataset)")
-        return f"does not match this run ({'; '.join(diffs)})" if diffs else None
+        if diffs:
+            return f"does not match this run ({'; '.join(diffs)})"
+        written_by = saved.get("run_id")
+        if written_by not in (self.cfg.run_id, self.cfg.adopt_run_id):
+            return (f"was written by run {written_by!r}, not this run {self.cfg.run_id!r} (to "
+                    f"continue from it: adopt_run_id {written_by!r}, --adopt-run-id; playbook: "
+                    "ddp_job_adopt_run_id)")
+        return None
 
     def config_sha256(self) -> str:
         """SHA-256 of the configuration (sorted JSON): equal settings give equal digests."""
