@@ -190,6 +190,36 @@ def test_a_lighthouse_out_of_reach_past_the_bound_ends_the_replica_cut_off(make_
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("lighthouse", [2], indirect=True)
+def test_a_lighthouse_restarted_under_a_pending_call_gives_the_quorum_on_its_return(
+        make_replica, lighthouse, tmp_path, monkeypatch):
+    """The lighthouse killed while a quorum call waits (here: for a second replica), started again
+    on its port 3 s later (what its supervisor does): the pending call gets the new lighthouse's
+    quorum within seconds of its return, not after the rest of ft_quorum_timeout_s (it took the
+    whole 60 s before: torchft's server dropped the call on "transport error")."""
+    monkeypatch.delenv("TORCHFT_QUORUM_RETRIES", raising=False)  # torchft's override of the count
+    replica = make_replica(ft_quorum_timeout_s=60)
+    port = int(str(lighthouse).rsplit(":", 1)[1])
+    answer: dict = {}
+    pending = threading.Thread(target=lambda: answer.update(quorum=replica.start_step(),
+                                                            at=time.monotonic()))
+    pending.start()
+    time.sleep(3)  # the call is pending: this lighthouse waits for a second replica
+    assert pending.is_alive()
+    lighthouse.proc.kill()
+    lighthouse.proc.wait()
+    time.sleep(3)
+    again = e2e.start_lighthouse(tmp_path / "lighthouse-again.log", min_replicas=1, port=port)
+    listening = time.monotonic()
+    try:
+        pending.join(90)
+        assert answer.get("quorum") == (0, 1), replica.quorum_error
+        assert answer["at"] - listening < 15  # was the 60 s quorum timeout
+    finally:
+        again.proc.kill()
+        again.proc.wait()
+
+
 @pytest.mark.parametrize("quorum_retries", [0, 5])
 def test_torchft_still_keeps_a_failed_quorum_future(lighthouse, quorum_retries):
     """Why Replica._forget_failed_quorum touches a private field: with torchft 0.2.0, after a

@@ -46,6 +46,13 @@ from ddplab.distributed import GLOO_ADDR_ENV, RDZV_ENDPOINT_ENV, bound_gloo
 
 #: Set by torchrun in the worker's environment when the workers share the agent's store.
 AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+#: torchft Manager ``quorum_retries``: how often its server asks the lighthouse again within one
+#: quorum call when the call to the lighthouse fails (a lighthouse restarted under a pending call
+#: fails it with "transport error"; without a retry the worker's call then waits out the whole
+#: ``ft_quorum_timeout_s``). A retry blocks connecting until the lighthouse listens again, so the
+#: count is not what bounds the call: its deadline, ``ft_quorum_timeout_s``, is.
+#: tests/test_ft_quorum.py restarts a lighthouse under a pending call.
+LIGHTHOUSE_RETRIES = 1000
 
 
 def _not_flight_recorder(record: logging.LogRecord) -> bool:
@@ -294,6 +301,7 @@ class Replica:
             lighthouse_addr=cfg.ft_lighthouse, replica_id=self.replica_id,
             port=cfg.ft_manager_port, hostname=addr,
             checkpoint_transport=PGTransport(self.pg, timeout=timeout, device=torch.device("cpu")),
+            quorum_retries=LIGHTHOUSE_RETRIES,
         )
 
     # --- one step ------------------------------------------------------------------------------
