@@ -11,6 +11,7 @@ import ast
 import dataclasses
 import inspect
 import socket
+import time
 from datetime import timedelta
 
 from ddplab import agent
@@ -116,3 +117,39 @@ def test_gloo_bound_to_one_address_uses_gloos_private_options():
     assert options._timeout == timedelta(seconds=3) and len(options._devices) == 1
     assert "devices" in inspect.signature(dist.Backend.register_backend).parameters
 
+
+
+def test_the_store_reconnect_uses_torchs_c10d_backend_of_the_same_shape():
+    """agent.StoreReconnect on torch's C10dRendezvousBackend (installed by
+    agent._create_watched_handler): it wraps ``_call_store``, writes ``_key`` /
+    ``_NULL_SENTINEL`` to a new store and hands the new client to ``backend._store`` and the
+    handler's ``_store``. A store server stopped and started again on its port (empty): the next
+    call goes through the new one."""
+    import gc
+
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, multi_tenant=True)
+    params = RendezvousParameters(backend=agent.WATCHED_BACKEND, endpoint=f"127.0.0.1:{port}",
+                                  run_id="patch-check", min_nodes=1, max_nodes=2, is_host=False,
+                                  join_timeout=5, read_timeout=10)
+    handler = agent._create_watched_handler(params)
+    inner = handler._inner
+    backend = inner._state_holder._backend
+    reconnect = backend._call_store.__self__
+    assert isinstance(reconnect, agent.StoreReconnect) and inner._store is backend._store
+    assert isinstance(backend._key, str) and isinstance(backend._NULL_SENTINEL, str)
+    assert handler.num_nodes_waiting() == 0 and reconnect.reconnects == 0
+    del server
+    gc.collect()
+    server = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, multi_tenant=True)
+    time.sleep(1.5)  # past the state holder's cache (1 s): the next call reads the store
+    try:
+        assert handler.num_nodes_waiting() == 0 and reconnect.reconnects == 1
+        assert inner._store is backend._store and server.check([backend._key])
+    finally:
+        handler.shutdown()

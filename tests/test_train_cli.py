@@ -163,6 +163,16 @@ BAD_INPUTS = {
     "model mismatch": ({"n_layer": 3}, "does not match this run (n_layer: checkpoint 2, config 3)"),
     "unknown flag": ({"learning_rate": 1}, "unrecognized arguments: --learning_rate 1"),
     "not a number": ({"base_lr": "fast"}, "'base_lr' = 'fast': must be float"),
+    # integer keys beyond what torch/numpy hold: once a traceback in torch.manual_seed
+    "seed above 2**63-1": ({"seed": 2**64},
+                           f"'seed' = {2**64}: must be an integer in [0, 9223372036854775807]"),
+    "negative seed": ({"seed": -1}, "'seed' = -1: must be an integer in [0, 9223372036854775807]"),
+    "max_steps beyond int64": ({"max_steps": 10**30},
+                               f"'max_steps' = {10**30}: must be at most 9223372036854775807"),
+    # more than any node's memory (ddplab.memory): once an allocation traceback
+    "batch beyond memory": ({"per_rank_batch_size": 10**7, "block_size": 1024},
+                            "fix: lower per_rank_batch_size"),
+    "model beyond memory": ({"n_embd": 2**20}, "fix: a smaller model: lower n_layer, n_embd"),
 }
 
 

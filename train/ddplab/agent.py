@@ -49,6 +49,9 @@ dropped while no group formed without it (its round goes on, or every agent miss
 at once and the emptied round was closed: the workers are still one group) only logs it: it
 re-joins at the next membership change.
 
+Store restart: the watched handler's backend reconnects to a restarted rendezvous store
+(:class:`StoreReconnect`) instead of ending the agent at its next store call.
+
 Final worker exits: a worker that exits with one of :data:`FINAL_EXIT_CODES` (``EXIT_CUT_OFF``:
 a per_step replica cut off from its group, which waited for it already) is not restarted: the agent
 stops at once with torchrun's error report, instead of spending ``--max-restarts`` on workers that
@@ -63,7 +66,8 @@ tests/test_agent_torch_patches.py (the checklist of a torch upgrade): ``dynamic_
 get_method_name`` (:func:`cheap_event_names`), ``LocalElasticAgent._monitor_workers`` and
 ``_remaining_restarts`` (:func:`stop_restarts_on_final_exits`), ``DynamicRendezvousHandler``'s
 ``_state_holder``/``_this_node`` and the rendezvous handler interface
-(:class:`MembershipWatchedHandler`), torchrun's parsed arguments and ``config_from_args``
+(:class:`MembershipWatchedHandler`), ``C10dRendezvousBackend._call_store``/``_store``/``_key`` and
+the handler's ``_store`` (:class:`StoreReconnect`), torchrun's parsed arguments and ``config_from_args``
 (:func:`fork_launch`).
 """
 
@@ -198,13 +202,85 @@ class MembershipWatchedHandler:
         return self._inner.shutdown()
 
 
+class StoreReconnect:
+    """Reconnects torch's c10d rendezvous backend to a restarted store.
+
+    The controller's store is supervised: killed, it is started again on its port, empty, within
+    seconds. torch's backend keeps one TCPStore client and raises ``RendezvousConnectionError`` on
+    every call once its connection is gone, so each agent died at its next ``num_nodes_waiting``.
+    Installed on a backend, a failed store call connects a new client to the endpoint (every
+    ``RETRY_S`` for at most ``patience_s``, the store's read timeout), writes the backend's empty
+    state marker again (what its constructor does), gives the new client to the backend and the
+    handler, and repeats the call. The rendezvous state starts over in the new store: the running
+    workers are untouched (they meet in their own store), and the next membership change forms
+    its group there. Raises the last ``RendezvousConnectionError`` when the store stays away.
+
+    torch internals (2.13; tests/test_agent_torch_patches.py): ``C10dRendezvousBackend._store``,
+    ``._key``, ``._NULL_SENTINEL``, ``._call_store``, ``DynamicRendezvousHandler._store``.
+    """
+
+    RETRY_S = 1.0
+
+    def __init__(self, backend: Any, host: str, port: int, patience_s: float) -> None:
+        self.backend = backend
+        self.host, self.port = host, port
+        self.patience_s = patience_s
+        self.handler: Any = None  # set once the handler exists
+        self.reconnects = 0
+        self._call = backend._call_store
+        backend._call_store = self.call_store
+
+    def call_store(self, store_op: str, *args: Any, **kwargs: Any) -> Any:
+        from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
+        try:
+            return self._call(store_op, *args, **kwargs)
+        except RendezvousConnectionError as first:
+            error = first
+        deadline = time.monotonic() + self.patience_s
+        while True:
+            try:
+                self._reconnect()
+                return self._call(store_op, *args, **kwargs)
+            except RendezvousConnectionError as exc:
+                error = exc
+            if time.monotonic() + self.RETRY_S > deadline:
+                raise error
+            time.sleep(self.RETRY_S)
+
+    def _reconnect(self) -> None:
+        from torch.distributed import TCPStore
+        from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
+        backend = self.backend
+        try:
+            store = TCPStore(self.host, self.port, is_master=False, multi_tenant=True,
+                             timeout=timedelta(seconds=min(self.patience_s, 10)))
+            store.compare_set(backend._key, "", backend._NULL_SENTINEL)
+            store.set_timeout(timedelta(seconds=self.patience_s))
+        except (ValueError, RuntimeError, TimeoutError) as exc:
+            raise RendezvousConnectionError(f"rendezvous store {self.host}:{self.port}: {exc}") from exc
+        backend._store = store
+        if self.handler is not None:
+            self.handler._store = store
+        self.reconnects += 1
+        _log(f"reconnected to the rendezvous store {self.host}:{self.port} (it was restarted: "
+             "the rendezvous state starts over there; the workers train on)")
+
+
 def _create_watched_handler(params: Any) -> MembershipWatchedHandler:
-    """Rendezvous handler creator for ``ddplab-c10d``: torch's c10d handler, watched."""
+    """Rendezvous handler creator for ``ddplab-c10d``: torch's c10d handler, watched, whose
+    backend reconnects to a restarted store (:class:`StoreReconnect`)."""
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
     backend, store = create_backend(params)
-    return MembershipWatchedHandler(create_handler(store, backend, params), params.backend)
+    host, port = parse_rendezvous_endpoint(params.endpoint, default_port=29400)
+    reconnect = StoreReconnect(backend, host, port, float(params.get_as_int("read_timeout", 60)))
+    handler = create_handler(store, backend, params)
+    reconnect.handler = handler
+    return MembershipWatchedHandler(handler, params.backend)
 
 
 def watch_membership(args: argparse.Namespace) -> bool:

@@ -91,7 +91,8 @@ class CompressedAllReduce(TimedAllReduce):
         group: the process group (None: the default group).
         powersgd_rank: rank ``r`` of PowerSGD's factors.
         powersgd_start_step: plain fp32 steps before PowerSGD compresses (>= 2).
-        seed: seeds PowerSGD's random initial Q, the same on every rank.
+        seed: seeds PowerSGD's random initial Q, the same on every rank (modulo 2**32: numpy's
+            RandomState takes 32 bits; the run's seed may have 63).
 
     Raises:
         ValueError: an unknown compression, or PowerSGD settings torch refuses.
@@ -123,7 +124,7 @@ class CompressedAllReduce(TimedAllReduce):
             process_group=self.group, matrix_approximation_rank=self.powersgd_rank,
             start_powerSGD_iter=self.powersgd_start_step,
             min_compression_rate=POWERSGD_MIN_COMPRESSION_RATE, use_error_feedback=True,
-            warm_start=True, random_seed=self.seed)
+            warm_start=True, random_seed=self.seed % 2**32)  # numpy's RandomState: 32-bit seeds
         self.powersgd.iter = step
 
     # (no ``from __future__ import annotations`` in this module: DDP's register_comm_hook compares

@@ -61,6 +61,14 @@ PRESETS: dict[str, dict[str, Any]] = {
 #: Fields that fix the shape of the model: a checkpoint can only be resumed with the same values.
 MODEL_SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
 
+#: The largest value of any integer key: torch and numpy hold sizes, counts and the seed in 64 bits
+#: (``torch.manual_seed`` of more fails the run with "Overflow when unpacking long long").
+INT64_MAX = 2**63 - 1
+#: Upper bounds tighter than :data:`INT64_MAX` (inclusive), with why. ``threads``: the OpenMP pool
+#: of that many threads must be created (libgomp aborts the process far above it); no node has
+#: that many CPUs.
+INT_MAX = {"threads": 1024}
+
 
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the key, the value and the fix."""
@@ -176,6 +184,7 @@ class TrainConfig:
         def bad(key: str, why: str) -> ConfigError:
             return ConfigError(f"config key '{key}' = {getattr(self, key)!r}: {why}")
 
+        self._validate_int_ranges(bad)
         positive_ints = ("n_layer", "n_head", "n_embd", "block_size", "per_rank_batch_size",
                          "reference_batch_size", "max_steps", "eval_interval", "eval_iters",
                          "ckpt_interval", "keep_checkpoints", "log_interval")
@@ -185,7 +194,7 @@ class TrainConfig:
                 raise bad(key, "must be an integer")
             if value <= 0:
                 raise bad(key, "must be a positive integer (> 0)")
-        for key in ("warmup_steps", "sample_chars", "seed"):
+        for key in ("warmup_steps", "sample_chars"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise bad(key, "must be an integer >= 0")
@@ -247,6 +256,24 @@ class TrainConfig:
         self._validate_fault_tolerance(bad)
         self._validate_compression(bad)
         return self
+
+    def _validate_int_ranges(self, bad: Any) -> None:
+        """The upper bound of every integer key (:data:`INT64_MAX`, :data:`INT_MAX`) and the seed's
+        range, so that no value the program cannot hold gets past ``--check`` (the lower bounds
+        and the types follow in :meth:`validate`)."""
+        seed = self.seed
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= INT64_MAX:
+            raise bad("seed", f"must be an integer in [0, {INT64_MAX}] (0 to 2**63-1: torch and numpy "
+                      "seed with 64 bits)")
+        for key, want in FIELD_TYPES.items():
+            value = getattr(self, key)
+            if want is not int or isinstance(value, bool) or not isinstance(value, int):
+                continue
+            high = INT_MAX.get(key, INT64_MAX)
+            if value > high:
+                why = ("no node has that many CPUs, and the OpenMP pool of that many threads cannot be "
+                       "made" if key == "threads" else "2**63-1: torch and numpy hold it in 64 bits")
+                raise bad(key, f"must be at most {high} ({why})")
 
     def _validate_compression(self, bad: Any) -> None:
         """``vocab_size`` and the gradient compression keys (checked whatever the compression)."""
@@ -488,8 +515,12 @@ def _coerce(key: str, value: Any) -> Any:
             if isinstance(value, bool):
                 raise ValueError
             return float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"config key '{key}' = {value!r}: must be {want.__name__}") from None
+    except (TypeError, ValueError, OverflowError):
+        allowed = ""
+        if want is int:
+            allowed = f" (an integer in [0, {INT64_MAX}])" if key == "seed" else (
+                f" (an integer, at most {INT_MAX.get(key, INT64_MAX)})")
+        raise ConfigError(f"config key '{key}' = {value!r}: must be {want.__name__}{allowed}") from None
     if want is str:
         return str(value)
     return value

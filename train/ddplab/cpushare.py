@@ -60,8 +60,9 @@ class _Mount:
     version: int  # 1 or 2
 
 
-def _mounts(mountinfo: str) -> list[_Mount]:
-    """The cgroup mounts that carry the ``cpu`` controller, from ``/proc/self/mountinfo`` text."""
+def _mounts(mountinfo: str, controller: str = "cpu") -> list[_Mount]:
+    """The cgroup mounts that carry ``controller``, from ``/proc/self/mountinfo`` text (the v2
+    mount, and the v1 one of that controller)."""
     found = []
     for line in mountinfo.splitlines():
         head, sep, tail = line.partition(" - ")
@@ -71,7 +72,7 @@ def _mounts(mountinfo: str) -> list[_Mount]:
         fstype, superopts = rest[0], rest[2].split(",")
         if fstype == "cgroup2":
             found.append(_Mount(fields[3], Path(_unescape(fields[4])), 2))
-        elif fstype == "cgroup" and "cpu" in superopts:
+        elif fstype == "cgroup" and controller in superopts:
             found.append(_Mount(fields[3], Path(_unescape(fields[4])), 1))
     return found
 
@@ -81,8 +82,8 @@ def _unescape(text: str) -> str:
     return text.encode().decode("unicode_escape") if "\\" in text else text
 
 
-def _cgroup_paths(proc_cgroup: str) -> dict[int, str]:
-    """{1: path of the v1 ``cpu`` controller, 2: the v2 path} from ``/proc/self/cgroup`` text."""
+def _cgroup_paths(proc_cgroup: str, controller: str = "cpu") -> dict[int, str]:
+    """{1: path of the v1 ``controller``, 2: the v2 path} from ``/proc/self/cgroup`` text."""
     paths: dict[int, str] = {}
     for line in proc_cgroup.splitlines():
         parts = line.split(":", 2)
@@ -91,7 +92,7 @@ def _cgroup_paths(proc_cgroup: str) -> dict[int, str]:
         _, controllers, path = parts
         if controllers == "" and parts[0] == "0":
             paths[2] = path
-        elif "cpu" in controllers.split(","):
+        elif controller in controllers.split(","):
             paths[1] = path
     return paths
 
@@ -119,6 +120,19 @@ def _levels(mount: _Mount, path: str) -> list[Path]:
         return [mount.point]
     parts = [p for p in path[len(root):].split("/") if p]
     return [mount.point.joinpath(*parts[:i]) for i in range(len(parts), -1, -1)]
+
+
+def cgroup_folders(controller: str, proc: Path = Path("/proc/self")) -> list[tuple[Path, int]]:
+    """The folders (with their cgroup version, 1 or 2) of this process's cgroup and of each
+    ancestor, innermost first, in every mounted hierarchy that carries ``controller`` (e.g.
+    ``memory``: ddplab.memory reads its limits there); empty when the files cannot be read."""
+    try:
+        mounts = _mounts((proc / "mountinfo").read_text(), controller)
+        paths = _cgroup_paths((proc / "cgroup").read_text(), controller)
+    except OSError:
+        return []
+    return [(folder, mount.version) for mount in mounts if mount.version in paths
+            for folder in _levels(mount, paths[mount.version])]
 
 
 def cgroup_limit(proc: Path = Path("/proc/self")) -> tuple[float | None, str | None]:

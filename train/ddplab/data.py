@@ -93,15 +93,72 @@ def download(url: str, dest: str | Path, sha256: str | None, timeout_s: float = 
     return dest
 
 
+def _exists(path: Path) -> bool:
+    """Whether the dataset ``path`` exists (True for anything there: :func:`fetch_dataset` then
+    checks that it is a readable file), False when nothing is there.
+
+    Raises:
+        DataError: ``path`` is a symbolic link to nothing (it is never downloaded over the link),
+            a folder on the way cannot be searched by this uid, or another stat failure (a link loop).
+    """
+    try:
+        path.stat()
+    except FileNotFoundError:
+        if path.is_symlink():
+            try:
+                target = os.readlink(path)
+            except OSError:
+                target = "?"
+            raise DataError(f"dataset {path} is a symbolic link to {target}, which does not exist: fix "
+                            "the link (or data_path), or remove it to download the dataset") from None
+        return False
+    except PermissionError as exc:
+        raise DataError(f"dataset {path} cannot be reached by uid {os.getuid()} ({exc.strerror}: a "
+                        "folder on its path is not searchable by it): fix the folders' permissions "
+                        "(chmod o+x, or a group of the training user) or point data_path elsewhere"
+                        ) from None
+    except OSError as exc:  # ELOOP, ENOTDIR, EIO...
+        raise DataError(f"dataset {path} cannot be reached: {exc.strerror or exc}; fix data_path") from None
+    return True
+
+
+def _unreadable(path: Path, exc: OSError) -> DataError:
+    """The one-line error of a dataset file that cannot be opened, with its owner and mode."""
+    try:
+        st = path.stat()
+        owner = f"; owner uid {st.st_uid}, mode {st.st_mode & 0o7777:04o}"
+    except OSError:
+        owner = ""
+    if not isinstance(exc, PermissionError):
+        return DataError(f"cannot read dataset {path}: {exc.strerror or exc}")
+    return DataError(f"dataset {path} is not readable by uid {os.getuid()} ({exc.strerror or exc}{owner}): "
+                     f"fix its permissions (e.g. chmod a+r {path}, or make the training user its owner)")
+
+
+def check_readable_file(path: Path) -> None:
+    """Raises DataError (one line) unless ``path`` is a regular file this process can open."""
+    if path.is_dir():
+        raise DataError(f"dataset {path} is a folder, not a regular file: point data_path at the text "
+                        "file (e.g. .../input.txt)")
+    if not path.is_file():
+        raise DataError(f"dataset {path} is not a regular file")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise _unreadable(path, exc) from None
+
+
 def dataset_present(path: str | Path, url: str | None) -> bool:
     """For ``--check``, touching nothing: True when the dataset file exists (verify it with
     :func:`load_dataset`), False when it would be downloaded from ``url``.
 
     Raises:
-        DataError: missing with no ``url``, or its folder could not be created or written.
+        DataError: missing with no ``url``, its folder could not be created or written, or the
+            path cannot be reached (see :func:`_exists`).
     """
     path = Path(path).expanduser()
-    if path.exists():
+    if _exists(path):
         return True
     if not url:
         raise DataError(f"dataset {path} does not exist and no data_url is set")
@@ -122,7 +179,7 @@ def fetch_dataset(path: str | Path, url: str | None, sha256: str | None) -> Path
             left untouched in that case).
     """
     path = Path(path).expanduser()
-    if not path.exists():
+    if not _exists(path):
         if not url:
             raise DataError(f"dataset {path} does not exist and no data_url is set")
         try:
@@ -132,8 +189,7 @@ def fetch_dataset(path: str | Path, url: str | None, sha256: str | None) -> Path
         with file_lock(path.parent / f".{path.name}.lock"):
             if not path.exists():
                 download(url, path, sha256)
-    if not path.is_file():
-        raise DataError(f"dataset {path} is not a regular file")
+    check_readable_file(path)
     if sha256 is not None:
         try:
             got = sha256_file(path)
@@ -215,6 +271,8 @@ def load_dataset(path: str | Path, url: str | None = None, sha256: str | None = 
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise DataError(f"dataset {path} is not UTF-8 text: {exc}") from None
+    except OSError as exc:  # changed since fetch_dataset checked it, or a read error (EIO)
+        raise _unreadable(path, exc) from None
     if len(text) < 2:
         raise DataError(f"dataset {path} is empty")
     vocab = CharVocab.from_text(text)

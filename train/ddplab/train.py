@@ -37,7 +37,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ddplab import balance, cpushare, engines, telemetry, wire
+from ddplab import balance, cpushare, engines, memory, telemetry, wire
 from ddplab.checkpoint import CheckpointError, CheckpointStore, deserialize
 from ddplab.config import MODEL_SHAPE_FIELDS, ConfigError, TrainConfig, parse_args
 from ddplab.data import (
@@ -109,7 +109,7 @@ class Trainer:
 
     # --- inputs: everything that can reject bad input runs before anything is written ---------
     def validate_inputs(self, check_only: bool = False) -> None:
-        """The engine's settings, dataset, block size, output folders.
+        """The engine's settings, dataset, block size, memory (ddplab.memory), output folders.
 
         ``check_only`` (``--check``) changes nothing on disk: a missing dataset is not downloaded
         (``self.data`` stays None) and the folders are not created. A run creates the output
@@ -126,6 +126,9 @@ class Trainer:
             self.data = load_dataset(cfg.data_path, cfg.data_url, cfg.data_sha256)
             self.data.check_block_size(cfg.block_size)
             self.model_vocab_size()  # raises ValueError: vocab_size below the dataset's
+        # raises MemoryFitError (a ValueError): the estimated peak exceeds the node's memory
+        self.memory = memory.check_fits(cfg, self.model_vocab_size() if self.data else None,
+                                        self.env.world_size, self.env.local_world_size)
         self.store = CheckpointStore(self.out / "checkpoints", cfg.keep_checkpoints,
                                      accept=self._incompatibility)
         self.store.check(create=False)
@@ -824,7 +827,9 @@ def main(argv: list[str] | None = None) -> int:
                           "vocab_size": len(data.vocab) if data else None,
                           "train_chars": len(data.train) if data else None,
                           "val_chars": len(data.val) if data else None,
-                          "checkpoints": trainer.store.steps()}, indent=2))
+                          "checkpoints": trainer.store.steps(),
+                          "memory_estimate_bytes": trainer.memory.node_bytes,
+                          "memory": trainer.memory.to_dict()}, indent=2))
         return EXIT_OK
     return run(cfg, env)
 
