@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 import time
+import types
 
 import numpy as np
 import pytest
@@ -179,7 +180,7 @@ def replica_at(group_quorum_id: int | None):
 
     replica = Replica.__new__(Replica)
     replica.group_quorum_id, replica.cut_off, replica.manager = group_quorum_id, None, FakeManager()
-    replica.last_quorum_id = replica.present_since = None
+    replica.last_quorum_id = replica.present_since = replica.group_participants = None
     return replica
 
 
@@ -205,6 +206,83 @@ def test_a_quorum_id_that_skips_ids_marks_the_replica_cut_off_until_it_rejoins()
     assert replica.cut_off is None and replica.group_quorum_id == 16
     quorum(replica, 17)
     assert replica.cut_off is None and replica.group_quorum_id == 17
+
+
+class MinGroup:
+    """A MIN all-reduce among the replicas of one test, each calling from its own thread."""
+
+    def __init__(self, size: int) -> None:
+        import threading
+
+        self.barrier = threading.Barrier(size)
+        self.tensors: list = []
+
+    def allreduce(self, tensor, reduce_op=None):
+        import torch
+
+        self.tensors.append(tensor)
+        self.barrier.wait()
+        low = torch.stack(self.tensors).min(dim=0).values
+        self.barrier.wait()
+        tensor.copy_(low)
+        return types.SimpleNamespace(wait=lambda: None)
+
+
+def exonerations(replicas) -> list[bool]:
+    """Each replica's ``exonerated(len(replicas))`` over one MIN group, as torchft's would run."""
+    import threading
+
+    group, answers = MinGroup(len(replicas)), {}
+    for replica in replicas:
+        replica.manager.allreduce = group.allreduce
+        replica.manager.errored = lambda: None
+
+    def ask(i, replica):
+        answers[i] = replica.exonerated(len(replicas))
+
+    threads = [threading.Thread(target=ask, args=(i, r)) for i, r in enumerate(replicas)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    return [answers[i] for i in range(len(replicas))]
+
+
+def test_the_whole_group_cut_off_by_quorums_nobody_received_is_the_group():
+    """Both replicas of the group (quorum 6, 2 participants) skip quorum 7, which neither
+    received (their calls timed out while the lighthouse was frozen; it answered them when it
+    came back), and meet in quorum 8: no quorum since 6 held the group's state, so they train on.
+    Before, each waited ft_rejoin_wait_s for 'a peer of the group' that was the other one."""
+    pair = [replica_at(None), replica_at(None)]
+    for replica in pair:
+        quorum(replica, 6)
+        replica.group_participants = 2  # what start_step passes: follow_quorum(6, 2)
+        quorum(replica, 8)
+        assert replica.cut_off is not None and replica.group_quorum_id == 6
+    assert exonerations(pair) == [True, True]
+
+
+@pytest.mark.parametrize(("groups", "participants_of_group", "expect"), [
+    ((6, 6), (3, 3), False),  # two of the three of quorum 6: the third may have trained on
+    ((6, 5), (2, 2), False),  # cut off from different quorums: one of them missed the other's
+    ((6, 6), (None, None), False),  # quorum 6's size unknown (restored from disk after a restart)
+])
+def test_cut_off_replicas_that_are_not_the_whole_group_wait(groups, participants_of_group, expect):
+    pair = [replica_at(None), replica_at(None)]
+    for replica, group, size in zip(pair, groups, participants_of_group, strict=True):
+        quorum(replica, group)
+        replica.group_participants = size
+        quorum(replica, 9)
+        assert replica.cut_off is not None
+    assert exonerations(pair) == [expect, expect]
+
+
+def test_follow_quorum_keeps_the_group_quorums_participants():
+    replica = replica_at(None)
+    replica.follow_quorum(4, 3)
+    assert (replica.group_quorum_id, replica.group_participants) == (4, 3)
+    replica.follow_quorum(7, 1)  # a gap: the group's quorum and its size stay
+    assert (replica.group_quorum_id, replica.group_participants) == (4, 3)
 
 
 @pytest.mark.parametrize(("kept", "first", "cut_off"), [

@@ -215,6 +215,8 @@ class Replica:
         self.group_quorum_id = group_quorum_id
         self.last_quorum_id: int | None = None  # the last quorum this replica was given
         self.present_since: int | None = None  # while cut off: see follow_quorum
+        # participants of quorum group_quorum_id (None: not known, e.g. restored from disk)
+        self.group_participants: int | None = None
         self.cut_off: CutOff | None = None
         self.quorum_at = time.monotonic()  # the last quorum this replica got (see no_quorum_s)
         self.quorum_error: str | None = None  # why the last quorum call failed (start_step)
@@ -330,7 +332,7 @@ class Replica:
             return None
         self.quorum_error = None
         self.quorum_at = time.monotonic()
-        self.follow_quorum(self.quorum_id)
+        self.follow_quorum(self.quorum_id, max(1, participants))
         return (0 if rank is None else rank), max(1, participants)
 
     def _forget_failed_quorum(self) -> None:
@@ -354,7 +356,7 @@ class Replica:
         """Seconds since this replica last got a quorum (or since it started, before its first)."""
         return time.monotonic() - self.quorum_at
 
-    def follow_quorum(self, quorum_id: int) -> None:
+    def follow_quorum(self, quorum_id: int, participants: int | None = None) -> None:
         """Track the quorums this replica takes part in with the group.
 
         The lighthouse bumps the quorum id each time it forms a quorum whose members changed (or
@@ -368,7 +370,8 @@ class Replica:
         While cut off, :attr:`present_since` is the first id from which this replica has been in
         every quorum (it commits nothing then): quorums a returning peer missed within that
         range were formed by this waiting replica, not by a group that trained
-        (:meth:`exonerated`).
+        (:meth:`exonerated`). ``participants``: the quorum's, kept as :attr:`group_participants`
+        with the group quorum id.
         """
         last, seen = self.group_quorum_id, self.last_quorum_id
         self.last_quorum_id = quorum_id
@@ -381,22 +384,37 @@ class Replica:
             self.present_since = quorum_id
         else:
             self.group_quorum_id = quorum_id
+            self.group_participants = participants
 
-    def exonerated(self) -> bool:
-        """For a quorum whose participants are all cut off: whether one of them missed only
-        quorums formed while another participant waited, cut off, in every quorum (so nothing
-        was committed without it: it is the group, e.g. a peer frozen for a while after this one
-        was cut off and had been waiting). One MIN all-reduce of [present_since, -group quorum id]
-        over the participants: True when the largest group quorum id + 1 reaches the smallest
-        ``present_since``. Every participant gets the same answer (False when it failed: the step
-        then does not commit anyway).
+    def exonerated(self, participants: int) -> bool:
+        """For a quorum of ``participants`` that are all cut off: whether they are the group after
+        all, so nothing was committed without them. True when either
+
+        * one of them missed only quorums formed while another participant waited, cut off, in
+          every quorum (e.g. a peer frozen for a while after this one was cut off and had been
+          waiting): the largest group quorum id + 1 reaches the smallest ``present_since``; or
+        * all of them were cut off from the same group quorum and they are all of its
+          participants (:attr:`group_participants`, known from this process's own quorums): none
+          of them took part in a quorum since, so no quorum since held the group's state; the
+          skipped ids were quorums nobody of the group received, e.g. calls that timed out while
+          the lighthouse was frozen and that it answered when it came back.
+
+        One MIN all-reduce of [present_since, -group quorum id, group quorum id, -group
+        participants] over the participants. Every participant gets the same answer (False when
+        it failed: the step then does not commit anyway).
         """
-        cut = self.cut_off
+        cut, group = self.cut_off, self.group_quorum_id
         mine = torch.tensor([float(self.present_since if cut else math.inf),
-                             -float(self.group_quorum_id if self.group_quorum_id is not None
-                                    else -1)], dtype=torch.float64)
+                             -float(group if group is not None else -1),
+                             float(group if group is not None else -1),
+                             -float(self.group_participants or math.inf)], dtype=torch.float64)
         self.manager.allreduce(mine, reduce_op=torch.distributed.ReduceOp.MIN).wait()
-        return not self.errored() and -float(mine[1]) + 1 >= float(mine[0])
+        if self.errored():
+            return False
+        newest_group, oldest_group = -float(mine[1]), float(mine[2])
+        whole_group = (newest_group == oldest_group >= 0
+                       and participants >= -float(mine[3]))
+        return newest_group + 1 >= float(mine[0]) or whole_group
 
     def rejoined(self) -> None:
         """A step was committed with a participant that was not cut off (whose state this

@@ -163,7 +163,7 @@ class DiLoCoEngine(PerStep):
         if flags[0] == 0:
             self.held_by_start_barrier(participants)
             return Retry(Held.START_BARRIER)
-        if flags[1] == participants and not replica.exonerated():
+        if flags[1] == participants and not replica.exonerated(participants):
             self.wait_for_the_group(participants)
             return Retry(Held.ALL_CUT_OFF)
         own = [p.detach().clone() for p in run.model.parameters()]  # kept if the sync fails

@@ -290,7 +290,7 @@ class PerStep(Engine):
         if sums[2] == 0:
             self.held_by_start_barrier(participants)
             return Retry(Held.START_BARRIER)
-        if sums[3] == participants and not self.replica.exonerated():
+        if sums[3] == participants and not self.replica.exonerated(participants):
             self.wait_for_the_group(participants)
             return Retry(Held.ALL_CUT_OFF)
         return Decision(float(sums[0]) / global_batch, local_loss, bool(sums[1] > 0),
