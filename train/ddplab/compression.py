@@ -22,16 +22,16 @@ on every rank (gloo reduces each chunk on one rank and sends the result to all),
 (the cast back, PowerSGD's orthogonalisation and ``P Q^T``) is a deterministic function of them;
 the error-feedback memory differs per rank but only feeds the next step's input.
 
-Timing: :attr:`CompressedAllReduce.seconds` is the wall time of the whole hook (compression, the
-all-reduces including the wait for the slowest rank, decompression): the step's gradient
-synchronisation, ``allreduce_s`` of the step records. The wait polls (ddplab.distributed.wait),
-so SIGTERM can interrupt it.
+Timing and overlap: as :class:`ddplab.distributed.TimedAllReduce`, a bucket's compression and
+all-reduce start when DDP hands it over and travel while the backward pass goes on; the last
+bucket's hook waits for all of them (polling, ddplab.distributed.wait, so SIGTERM can interrupt
+it). :attr:`CompressedAllReduce.seconds` is the time the step waited for its gradient
+synchronisation beyond the backward pass, ``allreduce_s`` of the step records.
 
 Bytes: :func:`payload_bytes` is ``D``, the bytes one step's all-reduces hand to the ring (per rank
 on the wire: ``2(N-1)/N * D``, :func:`ddplab.bench.costmodel.ring_factor`).
 """
 
-import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -41,7 +41,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_wrapper
 
 from ddplab.config import GRAD_COMPRESSIONS
-from ddplab.distributed import TimedAllReduce, all_reduce_mean, wait
+from ddplab.distributed import TimedAllReduce, all_reduce_mean
 
 #: PowerSGD leaves a matrix uncompressed unless the factors are this many times smaller (torch's
 #: ``PowerSGDState`` default ``min_compression_rate``).
@@ -129,14 +129,13 @@ class CompressedAllReduce(TimedAllReduce):
 
     # (no ``from __future__ import annotations`` in this module: DDP's register_comm_hook compares
     # the hook's annotations with dist.GradBucket and torch.futures.Future[torch.Tensor])
+    def launch(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        """Start the bucket's compressed synchronisation (:data:`INNER_HOOKS`); its future."""
+        return self._inner(self, bucket)
+
     @staticmethod
     def hook(state: "CompressedAllReduce", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        t0 = time.perf_counter()
-        fut = state._inner(state, bucket)
-        wait(fut)
-        state.seconds += time.perf_counter() - t0
-        state.calls += 1
-        return fut
+        return TimedAllReduce.hook(state, bucket)
 
 
 def comm_hook(compression: str, world_size: int, group=None, powersgd_rank: int = 4,

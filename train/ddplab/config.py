@@ -166,6 +166,10 @@ class TrainConfig:
     # powersgd: the rank of its low-rank approximation, and the steps of plain fp32 all-reduce before
     # it starts compressing (torch's start_powerSGD_iter; >= 2 with error feedback)
     grad_compression: str = "none"
+    # torchelastic: DDP's gradient bucket size, MB. Each bucket's all-reduce starts when its
+    # gradients are ready and travels while the backward pass computes the layers before it; the
+    # last bucket's is the part that cannot overlap (ddplab.distributed.TimedAllReduce)
+    bucket_cap_mb: float = 25.0
     powersgd_rank: int = 4
     powersgd_start_step: int = 10
     # diloco (Douillard et al. 2023): inner steps (the inner optimizer, AdamW, alone on each
@@ -217,7 +221,7 @@ class TrainConfig:
         if self.adopt_run_id is not None and (not isinstance(self.adopt_run_id, str)
                                               or not self.adopt_run_id.strip()):
             raise bad("adopt_run_id", "must be a run id (of the checkpoints to continue from) or null")
-        for key in ("base_lr", "pg_timeout_s", "divergence_margin"):
+        for key in ("base_lr", "pg_timeout_s", "divergence_margin", "bucket_cap_mb"):
             value = getattr(self, key)
             if not _is_real(value) or value <= 0:
                 raise bad(key, "must be a number > 0")

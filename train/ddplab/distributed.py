@@ -236,16 +236,20 @@ def agree_on_checkpoint(store: CheckpointStore) -> Agreement:
 
 
 class TimedAllReduce:
-    """DDP communication hook state: an all-reduce (mean) per gradient bucket, timed.
+    """DDP communication hook state: an all-reduce (mean) per gradient bucket, overlapped with the
+    rest of the backward pass, and the time the step waited for it.
 
-    DDP calls the hook when a bucket's gradients are ready; the hook runs the all-reduce to
-    completion before returning, so ``seconds`` is the wall time spent in all-reduce including
-    waiting for the slowest rank to arrive. (Waiting inside the hook forgoes DDP's overlap of
-    communication with the rest of backward; for the small models of this lab all gradients fit
-    in one or two buckets, so there is little to overlap.) The wait polls (see :func:`wait`), so
-    SIGTERM can interrupt it. An exception from the collective
-    propagates out of ``backward()``, before the optimizer step, so the parameters stay those of
-    the last completed step.
+    DDP calls the hook when a bucket's gradients are ready (the last layers' first). The hook
+    starts the bucket's all-reduce and returns its future at once, so a bucket travels while the
+    backward pass computes the gradients of the layers before it. The hook of the step's last
+    bucket (``GradBucket.is_last``) waits for every bucket of the step before it returns, polling
+    (see :func:`wait`) so that SIGTERM can interrupt it. ``seconds`` is the wall time spent inside
+    the hooks: the step's communication that the backward pass did not hide, including the wait for
+    the slowest rank. An exception from a collective propagates out of ``backward()``, before the
+    optimizer step, so the parameters stay those of the last completed step.
+
+    The ranks add the same bytes in the same order whether or not a bucket overlaps: the result
+    equals the synchronous all-reduce's bit for bit.
     """
 
     def __init__(self, world_size: int, group=None) -> None:
@@ -253,28 +257,41 @@ class TimedAllReduce:
         self.group = group
         self.seconds = 0.0
         self.calls = 0
+        self.pending: list[torch.futures.Future] = []
 
     def reset(self) -> None:
         self.seconds = 0.0
         self.calls = 0
+        self.pending = []
+
+    def launch(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        """Start the bucket's synchronisation; a future of the averaged bucket."""
+        return all_reduce_mean(self, bucket)
 
     # (annotations evaluated eagerly: DDP's register_comm_hook checks them by identity)
     @staticmethod
     def hook(state: "TimedAllReduce", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         t0 = time.perf_counter()
-        fut = all_reduce_mean(state, bucket)
+        fut = state.launch(bucket)
+        state.pending.append(fut)
+        if bucket.is_last():
+            pending, state.pending = state.pending, []
+            for each in pending:
+                wait(each)
         state.seconds += time.perf_counter() - t0
         state.calls += 1
         return fut
 
 
 def all_reduce_mean(state: TimedAllReduce, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """The untimed body of :meth:`TimedAllReduce.hook`: all-reduce (sum) the bucket's buffer over
-    ``state.group`` (waiting with :func:`wait`), divide it by ``state.world_size`` in place and
-    return a completed future holding it. Raises what the collective raises."""
+    """Start the all-reduce (sum) of the bucket's buffer over ``state.group``; a future that
+    divides it by ``state.world_size`` in place once the sum arrived and holds it. The future
+    raises what the collective raised."""
     buf = bucket.buffer()
-    wait(dist.all_reduce(buf, group=state.group, async_op=True))
-    buf.div_(state.world_size)
-    fut = torch.futures.Future()
-    fut.set_result(buf)
-    return fut
+    world = state.world_size
+
+    def mean(done: torch.futures.Future) -> torch.Tensor:
+        done.value()  # raises the collective's error
+        return buf.div_(world)
+
+    return dist.all_reduce(buf, group=state.group, async_op=True).get_future().then(mean)

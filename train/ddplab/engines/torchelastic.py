@@ -83,7 +83,7 @@ class TorchElastic(Engine):
             powersgd_start_step=cfg.powersgd_start_step, seed=cfg.seed)
         self.ddp: torch.nn.Module = run.model
         if env.distributed:
-            self.ddp = DDP(run.model)
+            self.ddp = DDP(run.model, bucket_cap_mb=cfg.bucket_cap_mb)
             self.ddp.register_comm_hook(self.comm, hook)
             self._settle_buckets()
             if isinstance(self.comm, compression.CompressedAllReduce):
