@@ -1,8 +1,10 @@
-"""The torch internals ddplab.agent patches or wraps: one test per patch, failing when the patched
-torch attribute changes shape (it is gone, its signature changed, torch stopped calling it the
-way the patch assumes). A torch upgrade runs this file as its checklist; each failure names the
-ddplab.agent function to revisit. What each patch does is tested elsewhere (test_agent.py,
-test_rdzv_membership.py); torchft's private fields used by ddplab.ft are in test_ft_quorum.py.
+"""The torch internals ddplab.agent patches or wraps, and the two the workers set (the gloo options
+of ddplab.distributed.bound_gloo, PowerSGD's step count in ddplab.compression): one test per patch,
+failing when the patched torch attribute changes shape (it is gone, its signature changed, torch
+stopped calling it the way the patch assumes). A torch upgrade runs this file as its checklist;
+each failure names the ddplab function to revisit. What each patch does is tested elsewhere (test_agent.py,
+test_rdzv_membership.py); the torchft and torch internals of ddplab.engines.torchft_replica and the
+diloco engine are in test_torchft_internals.py.
 """
 
 from __future__ import annotations
@@ -106,9 +108,9 @@ def test_the_forked_launch_reads_torchruns_arguments_and_launch_config():
 
 
 def test_gloo_bound_to_one_address_uses_gloos_private_options():
-    """ddplab.distributed.bound_gloo (the workers' gloo, and ddplab.ft's): ``ProcessGroupGloo._Options``
-    with ``_timeout`` and ``_devices``, ``create_device(hostname=...)`` and the public
-    ``Backend.register_backend(name, creator, devices=...)``."""
+    """ddplab.distributed.bound_gloo (the workers' gloo, and ddplab.engines.torchft_replica's):
+    ``ProcessGroupGloo._Options`` with ``_timeout`` and ``_devices``, ``create_device(hostname=...)``
+    and the public ``Backend.register_backend(name, creator, devices=...)``."""
     import torch.distributed as dist
 
     options = dist.ProcessGroupGloo._Options()
@@ -117,6 +119,21 @@ def test_gloo_bound_to_one_address_uses_gloos_private_options():
     assert options._timeout == timedelta(seconds=3) and len(options._devices) == 1
     assert "devices" in inspect.signature(dist.Backend.register_backend).parameters
 
+
+def test_a_restarted_powersgd_state_counts_the_runs_steps_in_torchs_iter():
+    """ddplab.compression.CompressedAllReduce.start: a (re)started worker's PowerSGD state counts
+    the steps done in ``PowerSGDState.iter`` (one of its slots), which torch's hooks compare with
+    ``start_powerSGD_iter`` (plain all-reduce before it) and ``maybe_increase_iter`` advances."""
+    from ddplab import compression
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+    assert "iter" in psgd.PowerSGDState.__slots__
+    state = compression.CompressedAllReduce(1, "powersgd", powersgd_start_step=10)
+    state.start(12)
+    assert state.powersgd.iter == 12 and state.powersgd.start_powerSGD_iter == 10
+    for hook in (psgd.powerSGD_hook, psgd.batched_powerSGD_hook):
+        assert "if state.iter < state.start_powerSGD_iter:" in inspect.getsource(hook)
+    assert "self.iter += 1" in inspect.getsource(psgd.PowerSGDState.maybe_increase_iter)
 
 
 def test_the_store_reconnect_uses_torchs_c10d_backend_of_the_same_shape():

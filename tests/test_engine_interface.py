@@ -16,7 +16,7 @@ from pathlib import Path
 import local_engine
 import pytest
 from conftest import REPO, read_metrics, tiny_args
-from ddplab import engines
+from ddplab import engines, memory
 from ddplab import train as train_mod
 from ddplab.checkpoint import CheckpointStore
 from ddplab.config import ConfigError, build_config
@@ -88,18 +88,62 @@ def test_its_own_failure_has_its_exit_code_and_the_run_resumes_exactly(tmp_path,
     assert max(float((a[k] - b[k]).abs().max()) for k in a) == 0.0
 
 
-def test_the_core_names_no_engine():
-    """Engines are named in their modules, the registry and the config only: ddplab.train's
-    code (not its docstrings) holds no engine name, and asks the engine through the interface."""
-    tree = ast.parse((REPO / "train/ddplab/train.py").read_text())
+def test_the_memory_estimate_asks_the_engine_for_its_buffers(local):
+    """ddplab.memory's ``engine`` term is 4 bytes x parameters x the engine's parameter_copies: a
+    new engine brings its own count (here the interface's default, none), no line in the core."""
+    def copies(name: str, world_size: int, **settings) -> float:
+        found = memory.estimate(build_config({"fault_tolerance": name, **settings}), 65, world_size)
+        return found.engine_bytes / (memory.BYTES_PER_ELEMENT * found.params)
+
+    assert copies("torchelastic", 1) == 0 and copies("torchelastic", 3) == 1
+    assert copies("torchelastic", 3, grad_compression="powersgd") == 2
+    lighthouse = {"ft_lighthouse": "http://127.0.0.1:29510"}
+    assert copies("per_step", 1, **lighthouse) == 1 and copies("diloco", 1, **lighthouse) == 3
+    assert copies("local", 3) == 0  # before: DDP's buckets, the fall-through of a list of names
+
+
+#: The trainer core: ddplab.train and the modules it builds a run from that are no engine's.
+CORE = ("train", "records", "metrics", "balance", "lr", "data", "checkpoint", "memory", "model",
+        "divergence", "outputs", "signals", "telemetry", "wire", "distributed")
+#: Engine names and what only an engine knows about (torchft, its quorums and lighthouse).
+ENGINE_WORDS = ("torchelastic", "per_step", "diloco", "torchft", "quorum", "lighthouse")
+
+
+def engine_words_in_code(path: Path) -> list[str]:
+    """The strings, names, attributes and imported modules of ``path``'s code (not its docstrings) that
+    hold one of :data:`ENGINE_WORDS`."""
+    tree = ast.parse(path.read_text())
     docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)
                   and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)}
-    names = ("torchelastic", "per_step", "torchft", "quorum", "ddplab.ft")
-    found = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
-             and isinstance(n.value, str) and id(n) not in docstrings
-             and any(name in n.value for name in names)]
-    found += [n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and any(
-        name in n.id.lower() for name in names)]
-    found += [n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and any(
-        name in n.attr.lower() for name in names)]
-    assert found == []
+    texts = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
+             and isinstance(n.value, str) and id(n) not in docstrings]
+    # texts as spelled (torch's own TORCHELASTIC_* variables are no engine), names in lower case
+    names = [n.id for n in ast.walk(tree) if isinstance(n, ast.Name)]
+    names += [n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)]
+    names += imported_modules(path)
+    return ([t for t in texts if any(word in t for word in ENGINE_WORDS)]
+            + [n for n in names if any(word in n.lower() for word in ENGINE_WORDS)])
+
+
+@pytest.mark.parametrize("module", CORE)
+def test_the_core_names_no_engine(module):
+    """Engines are named in their modules, the registry and the config only: the core's code
+    (not its docstrings) holds no engine name, and asks the engine through the interface (an
+    engine's memory buffers too: Engine.parameter_copies)."""
+    assert engine_words_in_code(REPO / f"train/ddplab/{module}.py") == []
+
+
+def imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    return ({a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+            | {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module})
+
+
+def test_torchft_is_imported_under_ddplab_engines_only():
+    """torchft and the adapter of its replica group (ddplab.engines.torchft_replica) live with
+    the engines that use them, not beside the core."""
+    package = REPO / "train/ddplab"
+    outside = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
+                     if "engines" not in p.relative_to(package).parts
+                     and any(m.split(".")[0] == "torchft" for m in imported_modules(p)))
+    assert outside == []

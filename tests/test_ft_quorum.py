@@ -1,14 +1,14 @@
 """per_step: a replica without a lighthouse rides it out in one life, against the real torchft
-(issue 14, item 3). One ddplab.ft.Replica in this process, its Manager under a lighthouse process
-on localhost that the tests freeze (SIGSTOP: what a partition of the controller looks like to a
-replica; the lab's partition drops the packets).
+(issue 14, item 3). One ddplab.engines.torchft_replica.Replica in this process, its Manager under a
+lighthouse process on localhost that the tests freeze (SIGSTOP: what a partition of the controller
+looks like to a replica; the lab's partition drops the packets).
 
 * A quorum call that times out: ``start_step`` returns None and the next call gets a quorum once
   the lighthouse answers again. torchft 0.2.0 keeps the failed call's future and raises its error
   again at every later ``start_quorum``; its public ``quorum_retries`` does not prevent it (the
   Manager server retries the lighthouse, but the Python call's deadline is the same quorum
-  timeout). ddplab.ft drops the future (``Replica._forget_failed_quorum``); the last test checks
-  that torchft still needs it, so an upgrade that fixes torchft shows.
+  timeout). ddplab.engines.torchft_replica drops the future (``Replica._forget_failed_quorum``);
+  the last test checks that torchft still needs it, so an upgrade that fixes torchft shows.
 * A lighthouse out of reach when the worker starts (nothing listens on its port yet; a frozen
   lighthouse that listens would still accept the connect): torchft's own connect retries up to
   the Manager's ``connect_timeout`` (ft_quorum_timeout_s + ft_rejoin_wait_s), one line says so,
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def make_replica(lighthouse, clean_env):
     from ddplab.config import build_config
-    from ddplab.ft import Replica
+    from ddplab.engines.torchft_replica import Replica
 
     clean_env.setenv("DDPLAB_GLOO_ADDR", "127.0.0.1")
     clean_env.setenv("RUST_LOG", "warn")
@@ -178,7 +178,7 @@ def test_a_heal_fetches_the_peer_state_with_the_quorum_timeout(make_replica, mon
 
 
 def test_a_lighthouse_out_of_reach_past_the_bound_ends_the_replica_cut_off(make_replica):
-    from ddplab.ft import CutOffError
+    from ddplab.engines.torchft_replica import CutOffError
 
     address, _ = unreachable()
     t0 = time.monotonic()

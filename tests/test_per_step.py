@@ -1,5 +1,6 @@
 """per_step engine, pure parts: its run.json keys, the sampler over changing participants, the
-per-step global batch and LR, and where a replica's addresses come from (ddplab.ft.endpoint)."""
+per-step global batch and LR, and where a replica's addresses come from
+(ddplab.engines.torchft_replica.endpoint)."""
 
 from __future__ import annotations
 
@@ -103,7 +104,7 @@ def test_goyal_global_batch_follows_the_participants():
 
 
 def test_endpoint_advertises_the_gloo_address_and_the_agents_store():
-    from ddplab.ft import Endpoint, FaultToleranceError, endpoint
+    from ddplab.engines.torchft_replica import Endpoint, FaultToleranceError, endpoint
 
     env = {"DDPLAB_GLOO_ADDR": "10.89.0.11", "DDPLAB_RDZV_ENDPOINT": "10.89.0.11:29521",
            "MASTER_ADDR": "10.89.0.11", "MASTER_PORT": "41234", "TORCHELASTIC_USE_AGENT_STORE": "True"}
@@ -175,8 +176,9 @@ class FakeManager:
 
 
 def replica_at(group_quorum_id: int | None):
-    """A ddplab.ft.Replica without a lighthouse: the quorum bookkeeping of its __init__ only."""
-    from ddplab.ft import Replica
+    """A ddplab.engines.torchft_replica.Replica without a lighthouse: the quorum bookkeeping of its
+    __init__ only."""
+    from ddplab.engines.torchft_replica import Replica
 
     replica = Replica.__new__(Replica)
     replica.group_quorum_id, replica.cut_off, replica.manager = group_quorum_id, None, FakeManager()
@@ -345,7 +347,7 @@ def test_a_vote_whose_call_timed_out_is_a_step_not_committed_not_a_crash():
     """CI, 2026-12-01: a replica frozen while it voted was thawed after its ft_timeout_s; the
     TimeoutError ended its worker (exit 1) instead of the step being retried."""
     import torch
-    from ddplab.ft import Replica
+    from ddplab.engines.torchft_replica import Replica
     from torchft.optim import OptimizerWrapper
 
     param = torch.nn.Parameter(torch.ones(3))

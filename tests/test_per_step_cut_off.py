@@ -17,7 +17,7 @@ whose id skips the quorums the peer formed without it:
 
 Thawed while its peer still trains, the replica is cut off too but heals from the peer at once.
 And a peer frozen in turn, back while the cut-off replica waited alone, is the group (both were
-cut off: ddplab.ft.Replica.exonerated): both train on.
+cut off: ddplab.engines.torchft_replica.Replica.exonerated): both train on.
 """
 
 from __future__ import annotations
@@ -149,8 +149,9 @@ def test_a_peer_back_from_a_freeze_while_a_cut_off_replica_waits_is_the_group(
     # node1 frozen, node0 trains alone; node0 frozen in turn and node1 thawed: node1 is cut off
     # and waits alone (its lone quorums commit nothing). node0 thawed: its quorum skips the ids
     # of node1's lone quorums, so both are cut off; node0 missed nothing but quorums node1 formed
-    # while waiting (ddplab.ft.Replica.exonerated): it is the group, node1 heals from it and both
-    # train on (before: each waited ft_rejoin_wait_s and stopped, the run ended on a false alarm)
+    # while waiting (ddplab.engines.torchft_replica.Replica.exonerated): it is the group, node1 heals
+    # from it and both train on (before: each waited ft_rejoin_wait_s and stopped, the run ended on
+    # a false alarm)
     reps, t_two = two_in_step(tmp_path, data_path, lighthouse, 10, ft_rejoin_wait_s=20)
     group, victim = reps
     os.kill(worker_pid(victim), signal.SIGSTOP)

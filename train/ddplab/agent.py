@@ -32,7 +32,8 @@ Workers learn the rendezvous endpoint: the agent sets ``DDPLAB_RDZV_ENDPOINT`` t
 ``--rdzv-endpoint`` (when given) in the environment its workers inherit. Under the per_step engine
 (one replica group per node, torchrun with a local store: ``--nnodes 1 --rdzv-endpoint
 NODE_ADDR:PORT --rdzv-conf is_host=true``) that store, hosted by this agent on a fixed port, is the
-replica's store where the peers meet (ddplab.ft); torchrun's worker store is on a random port.
+replica's store where the peers meet (ddplab.engines.torchft_replica); torchrun's worker store is on
+a random port.
 
 Membership watch (``--rdzv-backend c10d`` with ``--nnodes MIN:MAX``, MAX > 1): the agent uses
 torch's own c10d rendezvous handler under the backend name ``ddplab-c10d``

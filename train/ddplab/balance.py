@@ -16,7 +16,7 @@ The plan of a step (:class:`Split`):
 * the engine cuts a block into micro-batches of at most ``per_rank_batch_size`` (gradient
   accumulation) weighted ``samples x P / global batch`` (:func:`weighted_micro_batches`): the
   group's average of the gradients is then the mean over every sample of the global batch
-  (design.md, "Unequal batches and DDP"), under DDP's average and torchft's alike.
+  (design.md, "Unequal batches and DDP"), whichever engine averages them.
 
 The estimate: after each attempt, one sum over the step's group gathers every member's
 ``[member id, samples, work seconds]`` (the core's forward/backward time less the seconds the
@@ -45,11 +45,11 @@ When the plan changes (:class:`BalanceState`):
   noise).
 
 Agreement: the state changes only when a step commits, from the values every member gathered,
-and it travels with the training state (checkpoints, torchft's state transfer to a joiner), so
+and it travels with the training state (checkpoints, a live peer's state sent to a joiner), so
 every member plans the same shares. Member ids are exchanged (one sum of ``P`` numbers) when the
 group may have changed: once per process for a group that is fixed for the process's life
-(``Group.key`` None: torchelastic's world), else whenever ``Group.key`` differs from the key of
-the last committed step (per_step: the lighthouse's quorum id, which changes with the members).
+(``Group.key`` None: e.g. torchrun's world), else whenever ``Group.key`` differs from the key of
+the last committed step (e.g. a quorum's id, which changes with the members).
 A re-plan applies from the next step on, on every member at once: ranks never disagree on indices.
 
 Imports of ddplab: the data hash and the engine interface's types only (the engines use it).

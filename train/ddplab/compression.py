@@ -117,7 +117,8 @@ class CompressedAllReduce(TimedAllReduce):
         made anew (no error feedback, Q from ``seed``) and counts ``step`` steps done, so a
         resumed run compresses at once when ``step >= powersgd_start_step``; its error feedback
         is not in checkpoints (it differs per rank), so a resumed powersgd run is not bit-identical
-        to an uninterrupted one. fp16 and bf16 keep no state."""
+        to an uninterrupted one. fp16 and bf16 keep no state. The count is torch's
+        ``PowerSGDState.iter`` (tests/test_agent_torch_patches.py)."""
         if self.compression != "powersgd":
             return
         self.powersgd = psgd.PowerSGDState(

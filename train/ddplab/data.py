@@ -374,7 +374,8 @@ def share_sample_indices(samples_seen: int, rank: int, shares: Sequence[int]) ->
 def participant_sample_indices(
     samples_seen: int, rank: int, participants: int, global_batch: int
 ) -> np.ndarray:
-    """Global sample indices of participant ``rank`` of ``participants`` at one per_step step.
+    """Global sample indices of participant ``rank`` of ``participants`` at one step of a group
+    whose participants may change from step to step (the replica-group engines).
 
     The step consumes ``[samples_seen, samples_seen + global_batch)``, cut into ``participants``
     contiguous blocks in rank order of :func:`ddplab.lr.equal_shares` sizes (the first

@@ -19,7 +19,8 @@ import torch.distributed as dist
 from ddplab.checkpoint import CheckpointStore, ScanResult
 
 GLOO_ADDR_ENV = "DDPLAB_GLOO_ADDR"
-#: ddplab.agent's ``--rdzv-endpoint``, passed to its workers (ddplab.ft's replica store).
+#: ddplab.agent's ``--rdzv-endpoint``, passed to its workers (the replica store of
+#: ddplab.engines.torchft_replica).
 RDZV_ENDPOINT_ENV = "DDPLAB_RDZV_ENDPOINT"
 # The backend name under which gloo bound to one address is registered (torch.distributed's
 # third-party backend interface, Backend.register_backend).
@@ -116,8 +117,9 @@ def register_bound_gloo(addr: str) -> str:
 def bound_gloo(store, group_rank: int, group_size: int, timeout: timedelta,
                addr: str) -> dist.ProcessGroupGloo:
     """A gloo backend ``ProcessGroupGloo(store, rank, size, options)`` whose one device listens
-    on ``addr`` (see :func:`register_bound_gloo`; ddplab.ft builds its reconfigurable groups
-    with it). Raises what gloo raises when ``addr`` is not an address of this host."""
+    on ``addr`` (see :func:`register_bound_gloo`; ddplab.engines.torchft_replica builds its
+    reconfigurable groups with it). Raises what gloo raises when ``addr`` is not an address of this
+    host."""
     gloo = dist.ProcessGroupGloo
     options = gloo._Options()
     options._timeout = timeout

@@ -107,7 +107,8 @@ def equal_shares(total: int, members: int) -> list[int]:
 def participants_global_batch(
     batch_policy: str, participants: int, per_rank_batch_size: int, global_batch_size: int | None
 ) -> int:
-    """Global batch of one per_step step with ``participants`` replica groups.
+    """Global batch of one step of ``participants`` replica groups (the replica-group engines,
+    whose participants may change from step to step).
 
     ``keep_per_rank``: ``participants * per_rank_batch_size`` (the LR then follows it, Goyal et
     al. 2017); ``keep_global``: ``global_batch_size`` whatever the participants (it need not be

@@ -9,9 +9,8 @@ N = B * T tokens::
 
     P      = V*C + T*C + L*(12*C**2 + 13*C) + 2*C           parameters (head tied to the embedding)
     state  = 16*P       weights 4P + gradients 4P + AdamW's exp_avg and exp_avg_sq 8P
-    engine = DDP's gradient buckets 4P (torchelastic at world size > 1; +4P PowerSGD's error
-             feedback), the flat all-reduce buffer 4P (per_step), the global parameters, the outer
-             momentum and the kept parameters of a sync 12P (diloco)
+    engine = 4P x the recovery engine's parameter-sized buffers (its ``parameter_copies``,
+             ddplab.engines.base.Engine: e.g. DDP's gradient buckets, a flat all-reduce buffer)
     act    = 4 * (L*(17*N*C + [dropout > 0] (0.5*N*C + 3*B*H*T**2)) + 2*N*C + N*V     saved
                   + 9*N*C + 2*N*V + [dropout > 0] 3*B*H*T**2)                       backward
     ckpt   = 24*P       a checkpoint write: two copies of weights and AdamW state at once
@@ -56,7 +55,7 @@ from typing import Any
 
 import psutil
 
-from ddplab import cpushare
+from ddplab import cpushare, engines
 from ddplab.config import TrainConfig
 
 BYTES_PER_ELEMENT = 4  # float32 weights, gradients, optimizer state and activations
@@ -103,15 +102,10 @@ def activation_bytes(batch: int, block_size: int, n_layer: int, n_head: int, n_e
 
 
 def engine_bytes(cfg: TrainConfig, params: int, world_size: int) -> int:
-    """Extra parameter-sized buffers of the recovery engine (module doc)."""
-    size = BYTES_PER_ELEMENT * params
-    if cfg.fault_tolerance == "diloco":
-        return 3 * size
-    if cfg.fault_tolerance == "per_step":
-        return size
-    if world_size > 1:
-        return size * (2 if cfg.grad_compression == "powersgd" else 1)
-    return 0
+    """Extra parameter-sized buffers of the recovery engine (module doc); its module is imported
+    (ddplab.engines.engine_class)."""
+    copies = engines.engine_class(cfg.fault_tolerance).parameter_copies(cfg, world_size)
+    return BYTES_PER_ELEMENT * params * copies
 
 
 @dataclass(frozen=True)

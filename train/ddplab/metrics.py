@@ -22,7 +22,7 @@ from typing import Any
 
 from ddplab.outputs import OutputError
 
-#: per_step: an attempt whose vote failed (``attempted_step``, ``committed: false``), never a step
+#: An attempt the engine did not commit (``attempted_step``, ``committed: false``), never a step
 UNCOMMITTED_EVENT = "uncommitted"
 EVENTS = ("start", "step", UNCOMMITTED_EVENT, "val", "checkpoint", "failure", "end")
 
@@ -91,8 +91,8 @@ class MetricsWriter:
                            "fix the folder or set another out_dir")
 
     def set_common(self, **fields: Any) -> None:
-        """Change common fields of the following records (per_step: ``rank`` and
-        ``world_size`` are the participant rank and the participants of each step)."""
+        """Change common fields of the following records (the core sets ``rank`` and
+        ``world_size`` to each step's group: they change with a group formed anew per step)."""
         self.common.update(fields)
 
     def write(self, event: str, **fields: Any) -> dict[str, Any]:

@@ -60,8 +60,8 @@ def newest_start_time(records: Iterable[Record]) -> float:
 
 def group_finished(records: Iterable[Record], since: float = float("-inf")) -> bool:
     """Whether the group finished the run in the launch that began at ``since`` (unix s): an
-    ``end`` record (ddplab.train writes it when the run reached max_steps; under per_step a
-    replica that reached it finished the run for its group) at or after ``since``; a record
+    ``end`` record (ddplab.train writes it when the run reached max_steps; under a replica-group
+    engine a replica that reached it finished the run for its group) at or after ``since``; a record
     without a time counts. Records of earlier launches of a resumed run do not.
 
     The one home of "did the group finish": ddplab.runstate (run_outcome: the collected run,

@@ -72,9 +72,10 @@ def test_every_committed_step_has_distinct_samples(run, faults):
     fault (a replica powered off between its all-reduce and its record, or frozen in its vote
     while its peers committed: tests/test_per_step_e2e.py assert_samples_distinct, the same rule)."""
     # A step's quorum either updated the model or not. On the step of a fault one replica's vote may
-    # fail after the all-reduce that others completed (ddplab.ft, CONTRACTS.md): a completed gloo
-    # all-reduce holds every participant's gradient, so the samples of every participant of a
-    # (step, quorum) that any replica committed were used, whatever its own record says.
+    # fail after the all-reduce that others completed (ddplab.engines.torchft_replica, CONTRACTS.md):
+    # a completed gloo all-reduce holds every participant's gradient, so the samples of every
+    # participant of a (step, quorum) that any replica committed were used, whatever its own record
+    # says.
     attempts: dict[tuple, dict[str, dict]] = {}
     for r in run.records:
         if r["event"] == "step" and r.get("samples"):

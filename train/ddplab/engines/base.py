@@ -20,7 +20,8 @@ the core's to refuse (ddplab.divergence), between ``decide`` and ``commit``.
 Around the steps: :meth:`Engine.check` (bad input, before anything is written),
 :meth:`Engine.connect` (the process group, before the checkpoint agreement), :meth:`Engine.attach`
 (wrap the model/optimizer once they hold the agreed state), :meth:`Engine.state_dict` (what it adds
-to a checkpoint), :meth:`Engine.failure` (its exceptions as exit codes) and :meth:`Engine.close`.
+to a checkpoint), :meth:`Engine.failure` (its exceptions as exit codes), :meth:`Engine.close`, and
+:meth:`Engine.parameter_copies` (its buffers, for ddplab.memory's estimate before a run starts).
 
 Each result is a typed value; an engine's own state stays in the engine. An engine reads the
 core's run through :class:`Run` (the core object itself, typed by what an engine may use).
@@ -245,6 +246,14 @@ class Engine(ABC):
         self.cfg = cfg
         self.env = env
         self.run = run
+
+    @classmethod
+    def parameter_copies(cls, cfg: TrainConfig, world_size: int) -> int:
+        """How many float32 buffers of the model's size the engine holds beside the weights,
+        gradients and optimizer state, in a run of ``cfg`` at ``world_size`` (the ``engine`` term
+        of ddplab.memory's estimate: 4 bytes x parameters each). Asked before the engine exists
+        (``--check``). Default: none."""
+        return 0
 
     # --- setup --------------------------------------------------------------------------------
     def check(self, check_only: bool) -> None:  # noqa: B027 (an optional hook: most engines need none)

@@ -3,8 +3,9 @@ average their progress (DiLoCo: Douillard et al., "DiLoCo: Distributed Low-Commu
 of Language Models", 2023; torchft's ``DiLoCo``).
 
 Every laptop is one torchft replica group under the controller's lighthouse, as under per_step
-(ddplab.ft.Replica; this engine reuses per_step's quorum machinery: start barrier, min replicas,
-cut-off waits, the kept group quorum id). What differs is when the replicas meet:
+(ddplab.engines.torchft_replica.Replica; this engine reuses per_step's quorum machinery: start
+barrier, min replicas, cut-off waits, the kept group quorum id). What differs is when the replicas
+meet:
 
 * **A sync** at every step that is a multiple of ``sync_every`` (and at a worker's start on such a
   step), in :meth:`DiLoCoEngine.plan` before the next inner step: join the quorum (a replica behind
@@ -29,6 +30,10 @@ model, and its periodic checkpoint then holds the new global parameters. A check
 replica's own parameters (the model), the inner optimizer's state, the last global parameters, the
 outer optimizer's state and the count of syncs (torchft's Manager step, which a quorum compares to
 find who is behind): a resume continues each replica's round where it was, bit for bit.
+
+torchft internals: ``DiLoCo._fragments`` (its one fragment, the whole model) and the fragment's
+``original_parameters`` (the global parameters), ``prepare_sync`` and ``perform_sync``, checked by
+tests/test_torchft_internals.py (a torchft upgrade's checklist).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import math
 import time
 from collections.abc import Mapping
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torchft.local_sgd import DiLoCo
@@ -45,6 +50,9 @@ from torchft.local_sgd import DiLoCo
 from ddplab.engines.base import Commit, Decision, LocalResult, Retry, Started, StepPlan
 from ddplab.engines.per_step import MIN_REPLICAS_POLL_S, Held, PerStep
 from ddplab.metrics import UNCOMMITTED_EVENT
+
+if TYPE_CHECKING:
+    from ddplab.config import TrainConfig
 
 
 class Sync(Enum):
@@ -72,6 +80,12 @@ class DiLoCoEngine(PerStep):
         self.synced: dict[str, Any] | None = None  # fields of the sync committed by this attempt
 
     # --- setup --------------------------------------------------------------------------------
+    @classmethod
+    def parameter_copies(cls, cfg: TrainConfig, world_size: int) -> int:
+        """The global parameters, the outer optimizer's momentum and this replica's own
+        parameters kept while a sync runs (to restore them when it fails)."""
+        return 3
+
     def load_state(self, state: Mapping[str, Any]) -> None:
         """Keep the checkpoint's DiLoCo state for :meth:`attach` (the global parameters and the
         outer optimizer need the model and the Manager first)."""
@@ -137,7 +151,8 @@ class DiLoCoEngine(PerStep):
         """One attempt at a sync (see the module doc); None when it committed.
 
         Raises:
-            ddplab.ft.CutOffError: a cut-off replica's wait for its group is over.
+            CutOffError (ddplab.engines.torchft_replica): a cut-off replica's wait for its group
+            is over.
         """
         cfg, run, replica = self.cfg, self.run, self.replica
         t0 = time.perf_counter()

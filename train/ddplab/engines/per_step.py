@@ -1,7 +1,7 @@
 """The ``per_step`` engine: a torchft quorum before every step; survivors keep training.
 
-The worker is the one worker of its node's replica group (ddplab.ft.Replica, torchft's Manager
-under the lighthouse on the controller). One attempt at a step:
+The worker is the one worker of its node's replica group (ddplab.engines.torchft_replica.Replica:
+torchft's Manager under the lighthouse on the controller). One attempt at a step:
 
 1. :meth:`PerStep.plan` joins the quorum of the live replica groups (a replica behind its peers
    receives a live peer's state here) and plans this participant's block of the step's samples
@@ -19,7 +19,7 @@ under the lighthouse on the controller). One attempt at a step:
 
 The evaluation of an eval step runs inside the next step's quorum, dealt over its participants
 (:meth:`PerStep.evaluates_in_next_step`): no participant is late for the next quorum, and a joiner
-is healed before it evaluates. A cut-off replica (ddplab.ft.Replica.follow_quorum) never trains
+is healed before it evaluates. A cut-off replica (:meth:`Replica.follow_quorum`) never trains
 alone; it waits ``ft_rejoin_wait_s`` for a peer of the group, then ends with exit 4
 (:data:`ddplab.exit_codes.EXIT_CUT_OFF`; ddplab.agent does not restart it). The last quorum the
 replica took part in with the group is kept beside the checkpoints (:data:`GROUP_QUORUM_FILE`), so a
@@ -35,11 +35,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ddplab import ft
 from ddplab.balance import weighted_micro_batches
 from ddplab.data import participant_sample_indices
 from ddplab.engines.base import (
@@ -54,13 +53,17 @@ from ddplab.engines.base import (
     Started,
     StepPlan,
 )
+from ddplab.engines.torchft_replica import CutOffError, Replica, endpoint, no_quorum_error
 from ddplab.exit_codes import EXIT_CUT_OFF
 from ddplab.lr import BatchPlan, participants_global_batch
 from ddplab.outputs import atomic_write_text
 from ddplab.records import read_jsonl
 
+if TYPE_CHECKING:
+    from ddplab.config import TrainConfig
+
 #: The last quorum the replica took part in with the group, kept beside the checkpoints
-#: (ddplab.ft.Replica.follow_quorum), so that a restarted worker can tell it was cut off.
+#: (Replica.follow_quorum), so that a restarted worker can tell it was cut off.
 GROUP_QUORUM_FILE = "ft-group-quorum.json"
 #: Pause between two quorums while a step is held back (too few replicas, the start barrier, a
 #: replica cut off or without a quorum).
@@ -105,7 +108,7 @@ class PerStep(Engine):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.started_at = time.time()  # the start barrier's clock (ft_start_timeout_s)
-        self.replica: Any = None  # ddplab.ft.Replica, from attach
+        self.replica: Any = None  # Replica, from attach
         self.attempt: Attempt | None = None
         self.participants = self.env.world_size  # participants of the last committed step
         self.session_commits = 0  # the first commit of this session waits for the start barrier
@@ -118,29 +121,35 @@ class PerStep(Engine):
         self.announced_no_quorum = False  # a failed quorum call was announced
 
     # --- setup --------------------------------------------------------------------------------
+    @classmethod
+    def parameter_copies(cls, cfg: TrainConfig, world_size: int) -> int:
+        """The flat buffer of every gradient that one all-reduce averages
+        (:meth:`Replica.average_gradients`)."""
+        return 1
+
     def check(self, check_only: bool) -> None:
         """One worker per replica group, and (not under ``--check``) the node's address.
 
         Raises:
             ValueError: WORLD_SIZE is not 1.
-            ddplab.ft.FaultToleranceError: DDPLAB_GLOO_ADDR unset.
+            FaultToleranceError: DDPLAB_GLOO_ADDR unset.
         """
         if self.env.world_size != 1:
             raise ValueError(f"fault_tolerance {self.name} runs one worker per replica group, not "
                              f"WORLD_SIZE={self.env.world_size}: launch torchrun with "
                              "--nnodes 1 --nproc-per-node 1 on each node")
         if not check_only:  # --check runs outside the unit, without its environment
-            ft.endpoint()
+            endpoint()
 
     def attach(self) -> Started:
-        """Start this node's replica group (ddplab.ft.Replica): it wraps the optimizer and joins
+        """Start this node's replica group (:class:`Replica`): it wraps the optimizer and joins
         the lighthouse; the ``start`` record says where it is reached."""
         cfg, run = self.cfg, self.run
         self.kept_quorum_id = self.read_group_quorum_id()
         self.waited_for_quorum_id = self.previous_cut_off()
-        self.replica = ft.Replica(cfg, run.optimizer, lambda: run.state_dict("transfer"),
-                                  run.load_peer_state, step=self.manager_step(),
-                                  group_quorum_id=self.kept_quorum_id)
+        self.replica = Replica(cfg, run.optimizer, lambda: run.state_dict("transfer"),
+                               run.load_peer_state, step=self.manager_step(),
+                               group_quorum_id=self.kept_quorum_id)
         fields = {"ft_group_quorum_id": self.kept_quorum_id, "ft_rejoin_wait_s": cfg.ft_rejoin_wait_s,
                   "replica_id": self.replica.replica_id, "ft_addr": self.replica.addr,
                   "ft_manager_port": cfg.ft_manager_port, "ft_store_port": self.replica.store_port,
@@ -271,11 +280,11 @@ class PerStep(Engine):
         go", "cut off"]; every participant sees the same sums, so all hold back or none:
         :attr:`Held.START_BARRIER` (:meth:`ready_to_start`), :attr:`Held.ALL_CUT_OFF` (no
         participant took part in the group's last quorums, and none missed only quorums formed by
-        another one waiting: ddplab.ft.Replica.exonerated; :meth:`wait_for_the_group`). A failed
+        another one waiting: Replica.exonerated; :meth:`wait_for_the_group`). A failed
         sum decides nothing (``mean_loss`` None): the step will not commit.
 
         Raises:
-            ddplab.ft.CutOffError: a cut-off replica's wait is over.
+            CutOffError: a cut-off replica's wait is over.
         """
         t0 = time.perf_counter()
         participants, global_batch = plan.group.size, plan.batch.global_batch_size
@@ -399,7 +408,7 @@ class PerStep(Engine):
         self.kept_quorum_id = quorum_id
 
     def wait_for_the_group(self, participants: int) -> None:
-        """This replica was cut off (ddplab.ft.Replica.follow_quorum) and no participant of this
+        """This replica was cut off (Replica.follow_quorum) and no participant of this
         quorum took part in the group's quorums since: its state may be behind steps the group
         committed, so it commits nothing, alone or with others cut off like it. It votes against
         the step and waits for a peer of the group to heal from, at most ``ft_rejoin_wait_s``
@@ -407,7 +416,7 @@ class PerStep(Engine):
         such a wait: :meth:`previous_cut_off`).
 
         Raises:
-            ddplab.ft.CutOffError: the wait is over (the group finished or is gone).
+            CutOffError: the wait is over (the group finished or is gone).
         """
         cfg, cut, step = self.cfg, self.replica.cut_off, self.run.step
         waited = time.monotonic() - cut.since
@@ -416,7 +425,7 @@ class PerStep(Engine):
         if again or waited >= cfg.ft_rejoin_wait_s:
             missed = (f"quorum {cut.last_quorum_id + 1}" if cut.quorum_id - cut.last_quorum_id == 2
                       else f"quorums {cut.last_quorum_id + 1}-{cut.quorum_id - 1}")
-            raise ft.CutOffError(
+            raise CutOffError(
                 f"replica {self.replica.replica_id} was cut off from quorum {cut.last_quorum_id} to "
                 f"quorum {cut.quorum_id}: the group went on without it ({missed}) and no peer of "
                 f"the group came back within ft_rejoin_wait_s {cfg.ft_rejoin_wait_s:g} s"
@@ -442,12 +451,12 @@ class PerStep(Engine):
         ft_rejoin_wait_s`` without a quorum the group has gone on without this replica, or is gone.
 
         Raises:
-            ddplab.ft.CutOffError: no quorum for that long (``unreachable_s`` set).
+            CutOffError: no quorum for that long (``unreachable_s`` set).
         """
         cfg, replica = self.cfg, self.replica
         waited, bound = replica.no_quorum_s, cfg.ft_quorum_timeout_s + cfg.ft_rejoin_wait_s
         if waited >= bound:
-            raise ft.no_quorum_error(cfg, replica.replica_id, replica.group_quorum_id,
+            raise no_quorum_error(cfg, replica.replica_id, replica.group_quorum_id,
                                      replica.quorum_at, waited, replica.quorum_error, self.run.step)
         if not self.announced_no_quorum:
             self.announced_no_quorum = True
@@ -468,7 +477,7 @@ class PerStep(Engine):
 
     def failure(self, exc: BaseException) -> Failure | None:
         """A cut-off replica's end: exit 4, cause ``cut_off``, the quorums of the gap."""
-        if not isinstance(exc, ft.CutOffError):
+        if not isinstance(exc, CutOffError):
             return None
         return Failure(EXIT_CUT_OFF, "cut_off", {
             "last_group_quorum_id": exc.cut_off.last_quorum_id, "quorum_id": exc.cut_off.quorum_id,

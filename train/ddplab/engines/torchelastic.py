@@ -21,7 +21,7 @@ import math
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -43,6 +43,9 @@ from ddplab.engines.base import (
 )
 from ddplab.lr import plan_batch
 
+if TYPE_CHECKING:
+    from ddplab.config import TrainConfig
+
 
 class TorchElastic(Engine):
     """DDP over torchrun's world (see the module doc)."""
@@ -59,6 +62,13 @@ class TorchElastic(Engine):
         if cfg.batch_policy == "keep_global" and cfg.global_batch_size is not None:
             plan_batch(cfg.batch_policy, self.env.world_size, cfg.per_rank_batch_size,
                        cfg.reference_batch_size, cfg.global_batch_size)
+
+    @classmethod
+    def parameter_copies(cls, cfg: TrainConfig, world_size: int) -> int:
+        """DDP's gradient buckets above one rank, and PowerSGD's error feedback beside them."""
+        if world_size <= 1:
+            return 0
+        return 2 if cfg.grad_compression == "powersgd" else 1
 
     def connect(self) -> None:
         """Join the gloo process group of torchrun's world (``pg_timeout_s`` per collective)."""

@@ -1,4 +1,5 @@
-"""The ``per_step`` recovery engine: one torchft replica group per node (docs/training.md).
+"""This node's torchft replica group: what the ``per_step`` and ``diloco`` engines
+(ddplab.engines.per_step, ddplab.engines.diloco) use of torchft (docs/training.md).
 
 Each node runs one replica group of one worker. Before every optimizer step the replica's torchft
 ``Manager`` asks the lighthouse (on the controller) for a quorum: the replica groups alive now.
@@ -19,6 +20,15 @@ rendezvous store (``--rdzv-endpoint ADDR:PORT --rdzv-conf is_host=true``, hosted
 it outlives a worker restart), whose port ddplab.agent passes as ``DDPLAB_RDZV_ENDPOINT``. Without
 it: torchrun's shared worker store (``TORCHELASTIC_USE_AGENT_STORE=True``, ``MASTER_PORT``), else
 a store this worker hosts on ``MASTER_PORT`` or, without torchrun, an OS-chosen port.
+
+torchft and torch internals this module relies on, each checked by one test (the checklist of a
+torchft or torch upgrade: tests/test_torchft_internals.py, and test_ft_quorum.py for the two that
+need a lighthouse frozen or a heal): the Manager's private ``_quorum_future``
+(:meth:`Replica._forget_failed_quorum`), ``_connect_timeout`` and ``_executor``
+(:meth:`Replica._masked_manager`) and ``_quorum_id`` (:attr:`Replica.quorum_id`); torchft's
+``ProcessGroupGloo._create_pg`` and ``_timeout``, and torch's ``ProcessGroup._set_default_backend``
+/ ``_register_backend`` and the backend's ``_set_sequence_number_for_group``
+(:class:`BoundProcessGroupGloo`).
 """
 
 from __future__ import annotations
