@@ -40,10 +40,11 @@ $(VENV)/.done: requirements.txt requirements-torch.txt
 	$(VENV)/bin/pip install -q $(TORCH_PIP_ARGS) -r requirements-torch.txt
 	touch $@
 
-# The plugins (collection ddp_lab.cluster) import the node runtime's rules as `ddplab.*`: this
-# checkout's train/ on the venv's path (a .pth file; each checkout has its own venv).
-$(VENV)/.ddplab-path: $(VENV)/.done
-	$(VENV)/bin/python -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_path("purelib"), "ddp-lab-train.pth").write_text("$(CURDIR)/train\n")'
+# The plugins (collection ddp_lab.cluster) import the node runtime's rules as `ddplab.*`, molecule's
+# inventory plugin the lab's node names as `lab`: this checkout's train/ and lab/ on the venv's path
+# (a .pth file; each checkout has its own venv; rewritten when this Makefile changes).
+$(VENV)/.ddplab-path: $(VENV)/.done Makefile
+	$(VENV)/bin/python -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_path("purelib"), "ddp-lab-train.pth").write_text("$(CURDIR)/train\n$(CURDIR)/lab\n")'
 	touch $@
 
 venv: $(VENV)/.done $(VENV)/.ddplab-path ## the controller venv: ansible, molecule, linters, torch (pinned); train/ on its path

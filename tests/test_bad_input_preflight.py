@@ -33,8 +33,10 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
+from ansible_collections.ddp_lab.cluster.plugins.filter import ddp_job as job_filters
 from ansible_collections.ddp_lab.cluster.plugins.filter import firewall as firewall_filters
 from ansible_collections.ddp_lab.cluster.plugins.filter import validate as val
+from ansible_collections.ddp_lab.cluster.plugins.module_utils import settings
 from labharness import (
     REPO,
     Lab,
@@ -140,22 +142,23 @@ def test_odd_ones_and_sharing_keys():
 
 def test_spec_options_drop_unrendered_defaults_and_name_the_role():
     specs = {"ddp_job": yaml.safe_load((REPO / "roles/ddp_job/meta/argument_specs.yml").read_text())}
-    options = val.spec_options(specs)
-    assert "default" not in options["ddp_job_nnodes_max"] and options["ddp_job_nnodes_max"]["type"] == "int"
+    role, option = settings.spec_options(specs)["ddp_job_nnodes_max"]
+    assert role == "ddp_job" and "default" not in option and option["type"] == "int"
     # the types record that names the variable: tests/test_validate_check.py
 
 
 def test_range_problems_and_train_config():
     rules = [{"name": "p", "min": 1024, "max": 65535, "why": "root"}, {"name": "t", "above": 0}]
-    assert val.range_problems({"p": 80, "t": 0}, rules) == [
+    assert settings.range_problems({"p": 80, "t": 0}, rules) == [
         "p = 80 must be >= 1024 and <= 65535 (root)",
         "t = 0 must be > 0",
     ]
-    assert val.range_problems({"p": 80}, rules, skip=["p"]) == []
-    assert val.train_config_error({"per_rank_batch_size": 0}) == (
-        "config key 'per_rank_batch_size' = 0: must be a positive integer (> 0)"
+    assert settings.range_problems({"p": 80}, rules, skip=["p"]) == []
+    assert job_filters.train_config("t-a", None, {"per_rank_batch_size": 0})["detail"].startswith(
+        "t-a: the training program refuses the run configuration: config key 'per_rank_batch_size' = 0:"
+        " must be a positive integer (> 0)"
     )
-    assert val.train_config_error({"max_steps": 100}) == ""
+    assert job_filters.train_config("t-a", None, {"max_steps": 100})["status"] == "ok"
 
 
 def test_check_table_aligns_columns():
@@ -821,7 +824,6 @@ class TestStagedProblems:
             "rdzv_conf",
             "nnodes",
             "train_config",
-            "governor",
             "torch_version",
             "route",
             "hosts_file",

@@ -31,6 +31,10 @@ REFUSALS = {
     "plugin refusal": "ddp_lab.cluster.validate_check: {checks: [{check: no_such_check}]}",
     "plugin refusal looped": ("ddp_lab.cluster.validate_check: {checks: [{check: '{{ item }}'}]}, "
                               "loop: [no_such_check]"),
+    # a role's own argument check (what a role with meta/argument_specs.yml runs at its start): its
+    # errors in one line, without the whole spec it carries
+    "argument spec": ("ansible.builtin.validate_argument_spec: {argument_spec: {n: {type: int},"
+                      " b: {type: bool}}, provided_arguments: {n: abc, b: maybe}}"),
     # ddp_lab's wait on a background job that outlives its timeout (the job: SETUP's sleep)
     "plugin timeout": ("ddp_lab.cluster.ddp_lab_await: {jid: '{{ bg.ansible_job_id }}', what: a sleep, "
                        "interval_s: 0.2, timeout_s: 0.5}"),
@@ -86,6 +90,7 @@ def test_a_refusal_is_one_error_line_without_the_origin_block(shown, name):
         assert "Task failed" not in lines[i][len("[ERROR]: Task failed: Action failed: "):], text
         assert lines[i + 1].startswith(("fatal: [localhost]: FAILED!", "failed: [localhost] (item=")), text
     assert "Origin:" not in text and "assertion" not in text and "evaluated_to" not in text, text
+    assert "argument_spec_data" not in text, text
     if "looped" in name:
         assert len(errors) == len(re.findall(r"^failed: \[localhost\] \(item=", text, re.M)), text
 
@@ -113,3 +118,4 @@ def test_a_looped_refusal_of_the_project_is_one_line(tmp_path: Path):
     (line,) = errors(out)
     assert line.startswith("-e ddp_job_fault_tolerance='bogus': value of"), line
     assert "Origin:" not in out, out[-3000:]
+

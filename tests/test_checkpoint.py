@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import TRAIN_DIR
+from conftest import subprocess_env
 from ddplab.checkpoint import CheckpointError, CheckpointStore, serialize
 from ddplab.distributed import agree_on_checkpoint
 
@@ -110,7 +110,6 @@ def test_failure_between_write_and_replace_keeps_previous(tmp_path, monkeypatch)
 
 WRITER = textwrap.dedent("""
     import sys, torch
-    sys.path.insert(0, sys.argv[2])
     from ddplab.checkpoint import CheckpointStore, serialize
     store = CheckpointStore(sys.argv[1], keep=3)
     store.save({"step": 1, "samples_seen": 12, "model": {"w": torch.ones(4)}})
@@ -126,8 +125,8 @@ WRITER = textwrap.dedent("""
 def test_kill_during_checkpoint_write_leaves_previous_loadable(tmp_path):
     """A real process is SIGKILLed while its temp file is being written."""
     folder = tmp_path / "ck"
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(folder), str(TRAIN_DIR)],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(folder)], stdout=subprocess.PIPE, text=True,
+                            env=subprocess_env())
     try:
         assert proc.stdout.readline().strip() == "ready"
         deadline = time.monotonic() + 60

@@ -3,21 +3,16 @@ under torchrun whose table and results file hold what its runs' records say."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 
+import lr_sweep as ls
 import pytest
 from conftest import dataset_path
 from ddplab.config import build_config
 from ddplab.records import events_of, read_metrics_dir
 from labharness import REPO
-
-spec = importlib.util.spec_from_file_location("lr_sweep_bench", REPO / "benchmarks/lr_sweep.py")
-ls = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = ls  # its dataclasses look their module up there
-spec.loader.exec_module(ls)
 
 DEFAULTS = build_config({"preset": "tiny"})
 

@@ -468,10 +468,9 @@ def test_a_play_without_validate_judges_the_resume_as_ddp_job_does(cluster, tmp_
     assert rc == 2 and errors(out)[0].startswith("no trainer holds a checkpoint of run nope"), out[-3000:]
 
 
-@pytest.mark.parametrize("setting", ["ddp_job_resume_run_id=../etc", "ddp_job_run_id=.."])
-def test_ddp_jobs_preflight_checks_a_run_ids_form_by_ddp_labs_rule(tmp_path: Path, setting):
-    """playbooks/train.yml alone (no validate play): ddp_job's preflight had its own pattern, which
-    took '..'; it now asks ddp_lab's filter (one home of a run id's form), one line naming the variable."""
+def _preflight_alone(tmp_path: Path, *args: str) -> tuple[int, str]:
+    """ddp_job's preflight as playbooks/train.yml's first play runs it (no validate play), on this
+    machine as the one trainer."""
     local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(yaml.safe_dump({"all": {"children": {
@@ -483,7 +482,28 @@ def test_ddp_jobs_preflight_checks_a_run_ids_form_by_ddp_labs_rule(tmp_path: Pat
         "tasks": [{"name": "Preflight",
                    "ansible.builtin.include_role": {"name": "ddp_job", "tasks_from": "preflight"}}],
     }]))
-    rc, out = run_playbooks(ansible_env(), str(inventory), [str(play)], "-e", setting, timeout=300)
+    return run_playbooks(ansible_env(), str(inventory), [str(play)], *args, timeout=300)
+
+
+def test_ddp_jobs_own_argument_check_is_one_line(tmp_path: Path):
+    """playbooks/train.yml alone (no validate play): ddp_job's preflight is judged by the role's own
+    argument spec (entry point preflight) at its start; a bad -e value is one line naming the setting,
+    the fix and where the role documents it, without the spec Ansible carries (KBs): the callback
+    ddp_lab.cluster.ddp_lab shortens an argument check's failure."""
+    rc, out = _preflight_alone(tmp_path, "-e", "ddp_job_max_steps=abc")
+    assert rc == 2, out[-3000:]
+    (line,) = errors(out)
+    assert line.startswith("argument 'ddp_job_max_steps' is of type str and we were unable to convert"), line
+    assert line.endswith("; fix: correct it in the inventory, group_vars or -e (roles/ddp_job/README.md)"), (
+        line)
+    assert "argument_spec_data" not in out and "Origin:" not in out, out[-3000:]
+
+
+@pytest.mark.parametrize("setting", ["ddp_job_resume_run_id=../etc", "ddp_job_run_id=.."])
+def test_ddp_jobs_preflight_checks_a_run_ids_form_by_ddp_labs_rule(tmp_path: Path, setting):
+    """playbooks/train.yml alone (no validate play): ddp_job's preflight had its own pattern, which
+    took '..'; it now asks ddp_lab's filter (one home of a run id's form), one line naming the variable."""
+    rc, out = _preflight_alone(tmp_path, "-e", setting)
     name, value = setting.split("=", 1)
     assert rc == 2, out[-3000:]
     (line,) = errors(out)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, TRAIN_DIR, read_metrics, snapshot, subprocess_env, tiny_args, wait_for_steps
+from conftest import REPO, read_metrics, snapshot, subprocess_env, tiny_args, wait_for_steps
 from ddplab import outputs
 from ddplab import train as train_mod
 from ddplab.checkpoint import CheckpointStore, serialize
@@ -271,7 +271,6 @@ def test_check_changes_nothing_for_a_missing_dataset(tmp_path, clean_env, capsys
 # --- 5. emergency path --------------------------------------------------------------------------
 SLOW_DISK = textwrap.dedent("""
     import sys, time
-    sys.path.insert(0, sys.argv[1])
     from ddplab import checkpoint, metrics, train
     real_save, real_write = checkpoint.CheckpointStore.save_bytes, metrics.MetricsWriter.write
     def save_bytes(self, step, data):
@@ -284,14 +283,14 @@ SLOW_DISK = textwrap.dedent("""
         return real_write(self, event, **fields)
     checkpoint.CheckpointStore.save_bytes = save_bytes
     metrics.MetricsWriter.write = write
-    sys.exit(train.main(sys.argv[2:]))
+    sys.exit(train.main(sys.argv[1:]))
 """)
 
 
 def test_repeated_sigterm_during_the_emergency_path_loses_no_record(tmp_path, data_path):
     out = tmp_path / "run"
     args = tiny_args(out, data_path, max_steps=100000, eval_interval=100000, ckpt_interval=100000)
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_DISK, str(TRAIN_DIR), *args], env=subprocess_env(),
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_DISK, *args], env=subprocess_env(),
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_for_steps(proc, out, 10)

@@ -1,5 +1,6 @@
-"""The validate role's checks in Python (action plugin ddp_lab.cluster.validate_check): one record
-each, and the one-line messages the bad-input matrices assert."""
+"""The validate role's checks in Python (action plugin ddp_lab.cluster.validate_check) and the roles'
+settings rules it judges early (module_utils/settings.py with each role's SETTINGS: action
+ddp_lab.cluster.settings): one record each, and the one-line messages the bad-input matrices assert."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 from ansible_collections.ddp_lab.cluster.plugins.action import validate_check as vc
+from ansible_collections.ddp_lab.cluster.plugins.filter import ddp_job as job
+from ansible_collections.ddp_lab.cluster.plugins.filter import python_env as pyenv
+from ansible_collections.ddp_lab.cluster.plugins.module_utils import settings as st
 
 ROLES = Path(__file__).resolve().parents[1] / "roles"
 ROLE = ROLES / "validate"
@@ -18,17 +22,18 @@ KEYS = ["join_timeout", "last_call_timeout", "close_timeout", "keep_alive_interv
 
 
 def test_rdzv_conf_ok_gives_the_argument_and_a_bad_one_the_fix():
-    ok = vc.rdzv_conf("t-a", {"join_timeout": 120, "last_call_timeout": 3}, KEYS)
+    ok = job.rdzv_conf("t-a", {"join_timeout": 120, "last_call_timeout": 3}, KEYS)
     assert ok == {"check": "rdzv_conf", "status": "ok", "detail": "join_timeout=120,last_call_timeout=3"}
-    bad = vc.rdzv_conf("t-a", {"join_timeout": 0, "last_call_timeout": 3}, KEYS)
+    bad = job.rdzv_conf("t-a", {"join_timeout": 0, "last_call_timeout": 3}, KEYS)
     assert bad["status"] == "fail"
     assert bad["detail"] == (
         "t-a: ddp_job_rdzv_conf {'join_timeout': 0, 'last_call_timeout': 3} has unknown keys or values"
         " that are not > 0; fix: use keys among " + ", ".join(KEYS)
         + " with positive numbers (seconds or counts)")
-    assert vc.rdzv_conf("t-a", {"heartbeat": 1}, KEYS)["status"] == "fail"
-    assert vc.rdzv_conf("t-a", {"join_timeout": "soon"}, KEYS)["status"] == "fail"
-    assert vc.rdzv_conf("t-a", "join_timeout=1", KEYS)["status"] == "fail"
+    assert job.rdzv_conf("t-a", {"heartbeat": 1}, KEYS)["status"] == "fail"
+    assert job.rdzv_conf("t-a", {"join_timeout": "soon"}, KEYS)["status"] == "fail"
+    assert job.rdzv_conf("t-a", "join_timeout=1", KEYS)["status"] == "fail"
+    assert job.rdzv_conf("t-a", {"read_timeout": 60})["status"] == "ok"  # the role's keys: job.RDZV_KEYS
 
 
 @pytest.mark.parametrize(("nmin", "nmax", "start"), [
@@ -38,13 +43,13 @@ def test_rdzv_conf_ok_gives_the_argument_and_a_bad_one_the_fix():
            " fix: set ddp_job_nnodes_max to at most 3 (the default)"),
 ])
 def test_nnodes_problems(nmin, nmax, start):
-    rec = vc.nnodes("t-a", nmin, nmax, 3)
+    rec = job.nnodes("t-a", nmin, nmax, 3)
     assert rec["status"] == "fail" and rec["detail"].startswith(start)
 
 
 def test_nnodes_ok():
     ok = {"check": "nnodes", "status": "ok", "detail": "--nnodes 1:3 with 3 trainer(s)"}
-    assert vc.nnodes("t-a", 1, 3, 3) == ok
+    assert job.nnodes("t-a", 1, 3, 3) == ok
 
 
 PINS = {"torch": "2.13.0", "numpy": "2.4.6"}
@@ -139,8 +144,8 @@ def test_interface_pattern_lo_wrong_address_and_ok():
 
 
 def _port(what, rc, state=None, held=(), holder="", parent="", number=29400):
-    return vc.port(what, "controller", "10.89.0.1", number, rc, state or {}, "", list(held), holder, parent,
-                   "")
+    return vc.port("localhost", what, "controller", "10.89.0.1", number, rc, state or {}, "", list(held),
+                   holder, parent, "")
 
 
 def test_port_free_held_foreign_store_and_own_service():
@@ -265,49 +270,46 @@ SPECS = {"ddp_job": {"argument_specs": {"main": {"options": {
 
 
 def test_types_one_record_per_error_or_one_ok():
-    assert vc.types("t-a", [], SPECS, 4) == [{"check": "types", "status": "ok", "detail": (
-        "4 setting(s) given; their types match the roles' argument specs")}]
-    (bad,) = vc.types("t-a", ["argument 'ddp_job_max_restarts' is of type str"], SPECS, 1)
-    assert bad["status"] == "fail" and bad["name"] == "ddp_job_max_restarts"
+    options = st.spec_options(SPECS)
+    assert st.host_records("t-a", {"ddp_job_max_restarts": 4}, {}, options, [])[0] == {
+        "check": "types", "status": "ok",
+        "detail": "1 setting(s) given; their types match the roles' argument specs"}
+    (bad, ranges) = st.host_records("t-a", {"ddp_job_max_restarts": "many"}, {}, options, [])
+    assert bad["status"] == "fail" and bad["name"] == "ddp_job_max_restarts" and ranges["status"] == "ok"
     assert bad["detail"].startswith(
-        "t-a: ddp_job_max_restarts: argument 'ddp_job_max_restarts' is of type str;"
-        " fix: give ddp_job_max_restarts a int (roles/ddp_job/README.md)")
+        "t-a: ddp_job_max_restarts='many': argument 'ddp_job_max_restarts' is of type str")
+    assert bad["detail"].endswith("; fix: give ddp_job_max_restarts a int (roles/ddp_job/README.md)")
 
 
 def test_ranges_one_record_per_violation_or_one_ok():
     rules = [{"name": "rendezvous_port", "min": 1024, "max": 65535},
              {"name": "ddp_job_stop_timeout_s", "above": 0}]
-    assert vc.ranges("t-a", {"rendezvous_port": 29400}, rules) == [{"check": "ranges", "status": "ok",
+    assert st.judge("t-a", {"rendezvous_port": 29400}, rules) == [{"check": "ranges", "status": "ok",
         "detail": "ports in 1024-65535; timeouts, intervals and counts in range"}]
-    found = vc.ranges("t-a", {"rendezvous_port": 80, "ddp_job_stop_timeout_s": 0}, rules)
+    found = st.judge("t-a", {"rendezvous_port": 80, "ddp_job_stop_timeout_s": 0}, rules)
     assert [r["detail"] for r in found] == [
         "t-a: rendezvous_port = 80 must be >= 1024 and <= 65535;"
         " fix: correct it in the inventory, group_vars or -e",
         "t-a: ddp_job_stop_timeout_s = 0 must be > 0; fix: correct it in the inventory, group_vars or -e"]
-    assert vc.ranges("t-a", {"rendezvous_port": "x"}, rules, ["rendezvous_port"])[0]["status"] == "ok"
+    assert st.judge("t-a", {"rendezvous_port": "x"}, rules, bad=["rendezvous_port"])[0]["status"] == "ok"
 
 
 def test_train_config_by_the_training_programs_rules():
-    assert vc.train_config("t-a", SUM, {}, preset="tiny") == {
+    assert job.train_config("t-a", SUM, {}, preset="tiny") == {
         "check": "train_config", "status": "ok", "detail": "run.json accepted by ddplab.config"}
-    bad = vc.train_config("t-a", SUM, {"per_rank_batch_size": 0})
+    bad = job.train_config("t-a", SUM, {"per_rank_batch_size": 0})
     assert bad["status"] == "fail" and bad["detail"].startswith(
         "t-a: the training program refuses the run configuration: config key 'per_rank_batch_size' = 0:")
     assert bad["detail"].endswith("(keys and ranges: python -m ddplab.train --help, docs/training.md)")
-    assert vc.train_config("t-a", SUM, None, max_steps=0)["status"] == "fail"
+    assert job.train_config("t-a", SUM, None, max_steps=0)["status"] == "fail"
 
 
-def test_governor_and_torch_version():
-    known = ["performance", "powersave", "schedutil"]
-    assert vc.governor("t-a", "performance", known)["detail"] == "cpu_governor_governor performance"
-    assert vc.governor("t-a", "turbo", known) == {"check": "governor", "status": "fail", "detail": (
-        "t-a: cpu_governor_governor 'turbo' is not a Linux cpufreq governor; fix: use one of performance,"
-        " powersave, schedutil (usually performance)")}
+def test_torch_version():
     for good in ("2.13.0", "2.13", "2.13.0+cpu", "2.14.0rc1", 2.13):
-        assert vc.torch_version("t-a", good)["status"] == "ok", good
-    assert vc.torch_version("t-a", "2.13.0")["detail"] == "python_env_torch_version 2.13.0"
+        assert pyenv.torch_version("t-a", good)["status"] == "ok", good
+    assert pyenv.torch_version("t-a", "2.13.0")["detail"] == "python_env_torch_version 2.13.0"
     for bad in ("torch==2.13.0", "latest", "2", "2.13.0\n"):
-        rec = vc.torch_version("t-a", bad)
+        rec = pyenv.torch_version("t-a", bad)
         assert rec["status"] == "fail" and rec["detail"].startswith(
             f"t-a: python_env_torch_version '{bad}' is not a version (like 2.13.0); fix:"), bad
 
@@ -430,13 +432,12 @@ def test_the_plugin_runs_every_check_by_name_and_reads_peers_from_hostvars():
                               "b": {"__validate_address": "10.0.0.1", "__validate_hostname": "y"}}}
     assert action._one("unique_address", {}, task_vars)["status"] == "fail"
     assert action._one("unique_name", {}, task_vars)["status"] == "ok"
-    governor = {"governor": "performance", "known": ["performance"]}
-    assert action._one("governor", governor, task_vars)["status"] == "ok"
-    assert isinstance(action._one("ranges", {"values": {}, "rules": []}, task_vars), list)
+    clock = {"measured": {"offset_s": 0.0, "uncertainty_s": 0.1, "beyond_s": 0}, "max_skew_s": 2}
+    assert action._one("clock", clock, task_vars)["status"] == "ok"
     with pytest.raises(vc.AnsibleActionFail, match="unknown check 'nope'"):
         action._one("nope", {}, task_vars)
     with pytest.raises(TypeError):
-        action._one("governor", {"governor": "performance"}, task_vars)
+        action._one("clock", {"max_skew_s": 2}, task_vars)
 
 
 def test_validate_tasks_build_no_record_in_jinja():
@@ -466,27 +467,27 @@ def test_shared_engine_settings_have_one_home():
 
 
 def test_engine_per_step_is_one_ddplab_train_worker_per_laptop():
-    assert vc.engine("t-a", "torchelastic", ["-m", "mine"], 4) == {
+    assert job.engine("t-a", "torchelastic", ["-m", "mine"], 4) == {
         "check": "engine", "status": "ok", "detail": "ddp_job_fault_tolerance torchelastic"}
-    assert vc.engine("t-a", "per_step", [], 1)["status"] == "ok"
-    assert vc.engine("t-a", "diloco", [], 1)["status"] == "ok"
+    assert job.engine("t-a", "per_step", [], 1)["status"] == "ok"
+    assert job.engine("t-a", "diloco", [], 1)["status"] == "ok"
     for engine in ("per_step", "diloco"):
         for argv, nproc in ((["-m", "mine"], 1), ([], 2)):
-            bad = vc.engine("t-a", engine, argv, nproc)
+            bad = job.engine("t-a", engine, argv, nproc)
             assert bad["status"] == "fail" and bad["detail"] == (
                 f"t-a: ddp_job_fault_tolerance={engine} (worker argv {argv}, nproc_per_node {nproc});"
                 " fix: torchelastic, or per_step or diloco with one ddplab.train worker per laptop (one"
                 " torchft replica group each): leave ddp_job_worker_argv empty and ddp_job_nproc_per_node 1")
-    assert vc.engine("t-a", "bogus", [], 1)["status"] == "fail"
+    assert job.engine("t-a", "bogus", [], 1)["status"] == "fail"
 
 
 def test_engine_per_step_takes_no_gradient_compression():
     """ddp_job_grad_compression is a DDP hook of torchelastic: with per_step it is one line before
     anything starts (none, or torchelastic with any compression, passes)."""
     for compression in ("none", "fp16", "bf16", "powersgd"):
-        assert vc.engine("t-a", "torchelastic", [], 1, compression)["status"] == "ok"
-    assert vc.engine("t-a", "per_step", [], 1, "none")["status"] == "ok"
-    bad = vc.engine("t-a", "per_step", [], 1, "bf16")
+        assert job.engine("t-a", "torchelastic", [], 1, compression)["status"] == "ok"
+    assert job.engine("t-a", "per_step", [], 1, "none")["status"] == "ok"
+    bad = job.engine("t-a", "per_step", [], 1, "bf16")
     assert bad["status"] == "fail" and bad["detail"] == (
         "t-a: ddp_job_grad_compression=bf16 with ddp_job_fault_tolerance=per_step: the compressions are"
         " hooks of the torchelastic engine's DDP all-reduce, per_step averages fp32 gradients itself;"
@@ -529,31 +530,26 @@ def test_gloo_row_warns_for_a_launch_that_bound_the_interface_and_passes_the_rou
 def test_types_names_the_variable_its_role_and_type():
     import yaml
 
-    specs = {"ddp_job": yaml.safe_load((ROLES / "ddp_job/meta/argument_specs.yml").read_text())}
-    error = ("argument 'ddp_job_nnodes_min' is of type str and we were unable to convert to int:"
-             " \"'two'\" cannot be converted to an int")
-    (rec,) = vc.types("laptop-a", [error], specs, 1)
-    assert rec["name"] == "ddp_job_nnodes_min"
-    assert rec["detail"].startswith(f"laptop-a: ddp_job_nnodes_min: {error}; fix:")
-    assert "fix: give ddp_job_nnodes_min a int (roles/ddp_job/README.md)" in rec["detail"]
-    (unknown,) = vc.types("laptop-a", ["something odd"], specs, 1)
-    assert unknown["name"] is None and unknown["detail"] == (
-        "laptop-a: something odd; fix: correct the variable in the inventory, group_vars or -e")
+    spec = yaml.safe_load((ROLES / "ddp_job/meta/argument_specs.yml").read_text())
+    options = st.spec_options({"ddp_job": spec})
+    problem = st.type_problem("ddp_job_nnodes_min", "two", options)
+    assert problem.startswith("argument 'ddp_job_nnodes_min' is of type str and we were unable to convert")
+    assert problem.endswith("fix: give ddp_job_nnodes_min a int (roles/ddp_job/README.md)")
+    assert st.type_problem("ddp_job_nnodes_min", 2, options) == ""
+    assert st.type_problem("not_a_setting", "x", options) == ""
 
 
-SPECS = {r: yaml.safe_load((ROLES / r / "meta" / "argument_specs.yml").read_text())
-         for r in ("ddp_lab", "ddp_job", "cpu_governor")}
-RULES = [{"name": "rendezvous_port", "min": 1024, "max": 65535},
-         {"name": "ddp_job_stop_timeout_s", "above": 0}]
-DEFAULTS = {"ddp_job_fault_tolerance": "torchelastic", "ddp_job_worker_argv": [], "ddp_job_nproc_per_node": 1,
-            "ddp_job_nnodes_min": 1, "ddp_job_nnodes_max": None, "ddp_job_train_overrides": {},
-            "ddp_job_max_steps": None, "ddp_job_preset": None, "ddp_job_threads": None,
-            "ddp_job_dataset_sha256": "0" * 64}
+ROLES_JUDGED = ("ddp_lab", "ddp_job", "cpu_governor")
+SPECS = {r: yaml.safe_load((ROLES / r / "meta" / "argument_specs.yml").read_text()) for r in ROLES_JUDGED}
+OPTIONS = st.spec_options(SPECS)
+# the spec defaults as the action renders them (ddp_job_nnodes_max: the trainers of the inventory)
+DEFAULTS = {**{n: v for d in st.spec_defaults(SPECS).values() for n, v in d.items()}, "ddp_job_nnodes_max": 3}
+RULES = st.role_rules(ROLES_JUDGED)
 
 
-def _given(hosts, extra):
-    return [r["detail"] for r in vc.given(SPECS, hosts, extra, RULES, KEYS, ["performance", "powersave"], 3,
-                                          DEFAULTS) if r["status"] == "fail"]
+def _given(hosts, extra, per_host_e=()):
+    return [r["detail"] for r in st.given(OPTIONS, RULES, hosts, extra, DEFAULTS, 3, per_host_e)
+            if r["status"] == "fail"]
 
 
 def test_given_e_values_once_and_inventory_values_per_host_group():
@@ -590,109 +586,73 @@ def test_given_leaves_a_joint_check_to_each_host_when_the_inventory_sets_one_of_
 def test_given_gradient_compression_settings_each_one_line():
     """-e ddp_job_grad_compression outside its choices, a PowerSGD start step below 2 (the role's own
     range rules), and a compression with per_step: one line each, before any role starts."""
-    rules = yaml.safe_load((ROLES / "validate" / "vars" / "main.yml").read_text())["__validate_ranges"]
-
-    def lines(extra):
-        return [r["detail"] for r in vc.given(SPECS, {"t-a": {}}, extra, rules, KEYS, [], 3, DEFAULTS)
-                if r["status"] == "fail"]
-    (choice,) = lines({"ddp_job_grad_compression": "int8"})
+    (choice,) = _given({"t-a": {}}, {"ddp_job_grad_compression": "int8"})
     assert choice.startswith("-e ddp_job_grad_compression='int8': ")
     assert "none, fp16, bf16, powersgd" in choice
-    (start,) = lines({"ddp_job_grad_compression": "powersgd", "ddp_job_powersgd_start_step": 1})
+    (start,) = _given({"t-a": {}}, {"ddp_job_grad_compression": "powersgd", "ddp_job_powersgd_start_step": 1})
     assert start.startswith("-e: ddp_job_powersgd_start_step = 1 must be >= 2 (PowerSGD's error feedback")
-    (engine,) = lines({"ddp_job_fault_tolerance": "per_step", "ddp_job_grad_compression": "powersgd"})
+    (engine,) = _given({"t-a": {}}, {"ddp_job_fault_tolerance": "per_step",
+                                     "ddp_job_grad_compression": "powersgd"})
     assert engine.startswith("-e: ddp_job_grad_compression=powersgd with ddp_job_fault_tolerance=per_step")
-    assert lines({"ddp_job_grad_compression": "bf16"}) == []
+    assert _given({"t-a": {}}, {"ddp_job_grad_compression": "bf16"}) == []
 
 
 def test_given_good_settings_are_one_ok_record():
-    (ok,) = vc.given(SPECS, {"t-a": {"ddp_job_max_steps": 10}}, {"cpu_governor_governor": "powersave"}, RULES,
-                     KEYS, ["performance", "powersave"], 3, DEFAULTS)
+    (ok,) = st.given(OPTIONS, RULES, {"t-a": {"ddp_job_max_steps": 10}},
+                     {"cpu_governor_governor": "powersave"}, DEFAULTS, 3)
     assert ok == {"check": "given", "status": "ok",
                   "detail": "1 setting(s) given with -e, 1 in the inventory: accepted"}
 
 
 def test_given_names_an_e_template_each_host_renders_its_own_way():
-    hosts = {"t-a": {"ddp_job_max_steps": "abc"}}
-    records = vc.given(SPECS, hosts, {}, RULES, KEYS, [], 3, DEFAULTS, ["ddp_job_max_steps"])
-    lines = [r["detail"] for r in records]
+    lines = _given({"t-a": {"ddp_job_max_steps": "abc"}}, {}, ["ddp_job_max_steps"])
     assert lines[0].startswith("t-a: ddp_job_max_steps='abc' (-e, as rendered there): argument"), lines
 
 
-# --------------------------------------------------------------------------- one home of the skip rules
+# --------------------------------------------------------------------------- one home of the rules
 
-def _settings_task(**task):
-    """The settings checks of tasks/main.yml, every one with good arguments, run by the plugin with
-    the task-level ``task`` arguments (ActionBase.run stubbed by ``no_base_run``): the names of the
-    records it returns."""
-    checks = [
-        {"check": "ranges", "args": {"values": {"rendezvous_port": 29400}, "rules": RULES}},
-        {"check": "rdzv_conf", "args": {"conf": {"join_timeout": 60}, "keys": KEYS}},
-        {"check": "nnodes", "args": {"min": 1, "max": 3, "trainers": 3}},
-        {"check": "train_config", "args": {"dataset_sha256": SUM, "overrides": {}, "preset": "tiny"}},
-        {"check": "engine",
-         "args": {"fault_tolerance": "torchelastic", "worker_argv": [], "nproc_per_node": 1}},
-        {"check": "governor", "args": {"governor": "performance", "known": ["performance"]}},
-        {"check": "torch_version", "args": {"version": "2.13.0"}},
-    ]
-    action = vc.ActionModule.__new__(vc.ActionModule)
-    action._task = type("Task", (), {"args": {"checks": checks, **task}})()
-    return [r["check"] for r in action.run(task_vars={"inventory_hostname": "t-a"})["records"]]
+def test_a_trainers_rows_leave_out_what_another_check_judges():
+    """A check is left out when a setting it reads failed its type (its one line says so), when it
+    counts the trainers and the inventory's shape failed (``trainers`` 0), and the run configuration
+    on a resume (tasks/resume.yml judges the run's merged with the given)."""
+    values = {n: DEFAULTS.get(n) for n in st.rule_names(RULES)}
+    every = ["types", "ranges", "rdzv_conf", "nnodes", "train_config", "engine"]
 
-
-@pytest.fixture
-def no_base_run(monkeypatch):
-    monkeypatch.setattr(vc.ActionBase, "run", lambda self, tmp=None, task_vars=None: {})
+    def rows(given=None, trainers=3, **changed):
+        return [r["check"] for r in st.host_records("t-a", given or {}, {**values, **changed}, OPTIONS, RULES,
+                                                    trainers)]
+    assert rows() == every
+    assert rows({"ddp_job_nnodes_min": "two"}) == ["types", "ranges", "rdzv_conf", "train_config", "engine"]
+    assert "nnodes" not in rows(trainers=0)
+    assert "train_config" not in rows(ddp_job_resume_run_id="r1")
+    records = st.host_records("t-a", {"rendezvous_port": "x"}, {**values, "rendezvous_port": "x"}, OPTIONS,
+                              RULES, 3)
+    (rng,) = [r for r in records if r["check"] == "ranges"]
+    assert rng["status"] == "ok", rng  # its type's line says it
 
 
-def test_the_skip_rules_of_the_settings_checks_have_one_home(no_base_run):
-    """tasks/main.yml spelled each check's skip rule in Jinja beside the plugin's JOINT table (issue
-    14 review): the task now passes the settings whose type failed, the resume and the inventory's
-    verdict, and the plugin leaves out what :func:`left_out` says, as :func:`given` does."""
-    everything = ["ranges", "rdzv_conf", "nnodes", "train_config", "engine", "governor", "torch_version"]
-    assert _settings_task() == everything
-    for check, inputs in vc.SETTINGS.items():
-        for name in inputs.values():
-            assert _settings_task(bad_types=[name]) == [c for c in everything if c != check], name
-    assert "train_config" not in _settings_task(resume_run_id="r1", run_train=True)
-    assert "train_config" in _settings_task(resume_run_id="r1", run_train=False)  # no train part here
-    assert "train_config" in _settings_task(resume_run_id="", run_train=True)
-    assert "nnodes" not in _settings_task(inventory_ok=False)
-    assert vc.left_out("nnodes", [], inventory_ok=False) and not vc.left_out("reach", ["ddp_job_rdzv_conf"])
-
-
-def test_ranges_skip_the_settings_whose_type_failed(no_base_run):
-    action = vc.ActionModule.__new__(vc.ActionModule)
-    check = {"check": "ranges", "args": {"values": {"rendezvous_port": "x"}, "rules": RULES}}
-    action._task = type("Task", (), {"args": {"checks": [check], "bad_types": ["rendezvous_port"]}})()
-    (rec,) = action.run(task_vars={"inventory_hostname": "t-a"})["records"]
-    assert rec["status"] == "ok", rec
-
-
-def test_validate_main_tasks_spell_no_skip_rule():
-    """The settings checks of tasks/main.yml carry no ``skip:`` of their own: the plugin decides."""
-    tasks = yaml.safe_load((ROLE / "tasks" / "main.yml").read_text())
-    action = "ddp_lab.cluster.validate_check"
-    checks = [c for t in tasks if action in t for c in t[action]["checks"]]
-    assert {c["check"] for c in checks} >= set(vc.SETTINGS), checks
-    assert [c["check"] for c in checks if "skip" in c or "skip" in (c.get("args") or {})] == []
-
-
-def test_the_roles_files_the_checks_read_are_loaded_in_one_place():
-    """tasks/main.yml and tasks/given.yml each loaded other roles' defaults with a list of their own,
-    and given.yml read ddp_job's --rdzv-conf keys as vars/main.yml does (issue 14 review): one list
-    (vars/main.yml __validate_role_files), one loader (tasks/defaults.yml), one rdzv key lookup."""
-    tasks = ROLE / "tasks"
-    loads = {p.name: [t for t in yaml.safe_load(p.read_text()) or [] if "ansible.builtin.include_vars" in t]
-             for p in sorted(tasks.glob("*.yml"))}
-    assert {n: len(t) for n, t in loads.items() if t} == {"defaults.yml": 1, "given.yml": 1}, loads
-    (own,) = loads["given.yml"]  # the validate role's own vars, rendered with the caller's roles dir
+def test_validate_reads_no_other_roles_files():
+    """validate loaded five roles' defaults and vars files and kept other roles' ranges and
+    --rdzv-conf keys in its vars (issue 24): each role's settings are judged by its own contract
+    (argument spec, SETTINGS), which the action ``settings`` reads; validate's tasks name no other
+    role's folder."""
+    texts = {p.name: p.read_text() for p in sorted((ROLE / "tasks").glob("*.yml"))}
+    texts["vars/main.yml"] = (ROLE / "vars" / "main.yml").read_text()
+    others = [r.name for r in ROLES.iterdir() if r.is_dir() and r.name != "validate"]
+    found = {n: [o for o in others if re.search(rf"/{o}/(defaults|vars|meta)\b", t)]
+             for n, t in texts.items()}
+    assert not any(found.values()), found
+    assert not [n for n, t in texts.items() if "include_vars" in t and n != "given.yml"]
+    (own,) = [t for t in yaml.safe_load(texts["given.yml"]) if "ansible.builtin.include_vars" in t]
     assert own["ansible.builtin.include_vars"]["file"].endswith("/validate/vars/main.yml")
-    lookups = [p.name for p in tasks.glob("*.yml") if "/vars/main.yml" in p.read_text().replace(
-        "/validate/vars/main.yml", "")]
-    assert lookups == [], lookups
-    files = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["__validate_role_files"]
-    for role, kind in files:
-        assert (ROLES / role / kind / "main.yml").is_file(), (role, kind)
-    for name in ("main.yml", "given.yml", "controller.yml"):
-        assert "import_tasks: defaults.yml" in (tasks / name).read_text(), name
+    assert "__validate_ranges" not in texts["vars/main.yml"]
+
+
+@pytest.mark.parametrize("role", yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["__validate_roles"])
+def test_the_spec_defaults_are_the_roles_defaults(role):
+    """validate takes a setting nobody set from its role's argument spec (the role's contract): where
+    the spec gives a default, it is the role's own (defaults/main.yml)."""
+    spec = yaml.safe_load((ROLES / role / "meta/argument_specs.yml").read_text())
+    (defaults,) = st.spec_defaults({role: spec}).values()
+    own = yaml.safe_load((ROLES / role / "defaults/main.yml").read_text()) or {}
+    assert {n: (v, own[n]) for n, v in defaults.items() if n in own and own[n] != v} == {}

@@ -1,7 +1,8 @@
-"""The validate role's job checks (roles/validate/tasks/job.yml), as ddp_job's preflight runs them
-right before a launch: run here on the controller alone (the trainer is this machine, the store
-a listening socket), so the checks that used to be repeated in roles/ddp_job/tasks/preflight.yml
-(nproc_per_node, max_restarts, the recovery engine) are shown to be refused by validate's."""
+"""The checks ddp_job's preflight runs right before a launch: the role's own settings
+(roles/ddp_job/tasks/settings.yml: nproc_per_node, max_restarts, the recovery engine by the role's
+rules) and the validate role's job checks (roles/validate/tasks/job.yml: the venvs' pinned packages,
+the store's reach), run here on the controller alone (the trainer is this machine, the store a
+listening socket)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,8 @@ def _run(tmp_path: Path, packages: dict | None = None, trainers: int = 1, **chan
                  "ansible.builtin.set_fact": {"versions": {
                      "python": "3.11.2", "packages": "{{ pinned | combine(odd) }}"}},
                  "vars": {"pinned": PINNED}},
+                {"name": "Check the job's settings",
+                 "ansible.builtin.include_role": {"name": "ddp_job", "tasks_from": "settings"}},
                 {"name": "Check the job", "vars": {"validate_job_versions_var": "versions"},
                  "ansible.builtin.include_role": {"name": "validate", "tasks_from": "job"}}]}]))
         settings = json.dumps({**GOOD, **nnodes, **changes})

@@ -14,6 +14,7 @@ A node's job (:func:`job_state`, :func:`past_run_state`, :func:`node_state`): on
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -109,6 +110,13 @@ def stop_event(events_text: Any) -> dict[str, Any]:
         elif event.get("kind") == STOP_KIND:
             found = event
     return found
+
+
+def stopped_at(stop: Mapping[str, Any] | None) -> str:
+    """How a run that stop.yml stopped reads: ``stopped by stop.yml at HH:MM:SS``, the local time of
+    its ``kind: stop`` event (:func:`stop_event`: ``time``, unix s)."""
+    when = time.strftime("%H:%M:%S", time.localtime(float((stop or {}).get("time") or 0)))
+    return f"stopped by stop.yml at {when}"
 
 
 def node_state(res: Mapping[str, Any] | None, host: str, stop: Mapping[str, Any] | None = None) -> str:

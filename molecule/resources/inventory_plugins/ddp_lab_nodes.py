@@ -12,9 +12,8 @@ naming ``inventory_hostname``) would name the wrong node.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 from functools import cache
-from pathlib import Path
 from types import ModuleType
 
 from ansible.errors import AnsibleParserError
@@ -76,16 +75,11 @@ EXAMPLES = r"""
 plugin: ddp_lab_nodes
 """
 
-LAB_PY = Path(__file__).resolve().parents[3] / "lab" / "lab.py"
-
-
 @cache
 def _lab() -> ModuleType:
-    """lab/lab.py as a module: the one home of the lab nodes' names and addresses."""
-    spec = importlib.util.spec_from_file_location("ddp_lab_lab", LAB_PY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """lab/lab.py, the module ``lab`` (the venv's path holds this checkout's lab/: Makefile, venv): the
+    one home of the lab nodes' names and addresses."""
+    return importlib.import_module("lab")
 
 
 def node_vars(

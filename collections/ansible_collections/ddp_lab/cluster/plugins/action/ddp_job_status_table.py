@@ -27,14 +27,13 @@ line) and ``table`` (the text printed).
 from __future__ import annotations
 
 import io
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 from ddplab.engines import replica_groups
-from ddplab.runstate import BAD_STATES, WORDS, node_state, node_states
+from ddplab.runstate import BAD_STATES, WORDS, node_state, node_states, stopped_at
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -81,8 +80,7 @@ def row_of(host: str, res: Mapping[str, Any] | None, stop: Mapping[str, Any] | N
     p = res.get("progress") or {}
     failure = p.get("failure") or ""
     if state == "stopped":
-        when = time.strftime("%H:%M:%S", time.localtime(float((stop or {}).get("time") or 0)))
-        failure = f"stopped by stop.yml at {when}"
+        failure = stopped_at(stop)
     if state == "failed" and not failure:  # ended without a failure record (killed, OOM, ...)
         unit = res.get("unit") or {}
         failure = f"agent unit {unit.get('Result', '?')}, exit status {unit.get('ExecMainStatus', '?')}"

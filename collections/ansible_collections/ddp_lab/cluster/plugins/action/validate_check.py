@@ -1,35 +1,27 @@
-"""Action plugin ``validate_check``: every check of the validate role in Python, each a check record.
+"""Action plugin ``validate_check``: every check only the validate role can make, each a record.
 
 A record is ``{check, status, detail}``: ``status`` is ok | warn | fail | skip, ``detail`` one line
 (for a problem: ``<host>: <cause>; fix: <what to do>``). The tasks only gather what a check reads
 and pass it (``checks:``, a list of ``{check, args, skip}``); each check is a function of this
 module named like the check, called ``check(host, **args)`` (see its docstring), except:
 
-- ``rdzv_conf`` (``conf``, ``keys``), ``nnodes`` (``min``, ``max``, ``trainers``), ``disk``
-  (``df``, ``path``, ``min_free_mb``), ``route``, ``clock``, ``interface``, ``port``: named
-  arguments as in :meth:`ActionModule._one`;
-- ``versions``: ``pins`` (package -> the setting of its pinned version: python_env's
-  ``__python_env_pins``), ``defaults`` (python_env's defaults), ``prefix``, ``provision``, ``key``
-  (the host var holding each host's ``{python, <package>: version}``, default
+- ``versions``: ``pins`` (package -> pinned version: python_env's ``python_env_pinned``), ``prefix``,
+  ``provision``, ``key`` (the host var holding each host's venv versions, default
   ``__validate_versions``): every play host's is compared, and each with the pins;
 - ``unique_address``/``unique_name``: ``key`` (default ``__validate_address``/``__validate_hostname``),
   compared across the play's hosts;
 - ``reach``: ``what`` (store | lighthouse), ``address``, ``port``, ``timeout_s``: a TCP connection
   from the node (``ansible.builtin.wait_for`` run there);
 - ``become`` (no args; its task runs with ``become: true``): a module run with become and no
-  prompt; a password -K did not give is one line with the fix;
-- ``given``: ``specs``, ``hosts``, ``rules``, ``rdzv_keys``, ``governors``, ``trainers``, ``defaults``
-  (:func:`given`): the settings given, once, before any role starts (tasks/given.yml); which came
-  with -e is read from ansible-playbook's command line, the values from ``hostvars``.
+  prompt; a password -K did not give is one line with the fix.
 
 Where they run: the inventory (trainers, rendezvous, rendezvous_address, unique_hosts,
 unique_names) and the controller (dataset, port) in tasks/inventory.yml, controller.yml and
-port.yml; each trainer's settings (types, ranges, rdzv_conf, nnodes, train_config, engine,
-governor, torch_version) in tasks/main.yml; the node (reachable, route, hosts_file, launch, gloo,
-interface, clock, disk, unique_address, unique_name, versions, dpkg_lock, reach, become) in tasks/node.yml.
-The tasks add ``records`` to the host's ``__validate_results``, which ``tasks/verdict.yml`` reports.
-ddp_job's preflight runs the job's checks (ranges, engine, nnodes, rdzv_conf, versions, reach)
-through tasks/job.yml, so each check exists once.
+port.yml; the node (reachable, become, route, hosts_file, launch, gloo, interface, clock, disk,
+unique_address, unique_name, versions, dpkg_lock, reach) in tasks/node.yml, versions and reach also
+in tasks/job.yml (ddp_job's preflight). The tasks add ``records`` to the host's
+``__validate_results``, which ``tasks/verdict.yml`` reports. Each role's own settings are its own
+(action ``settings``).
 """
 
 from __future__ import annotations
@@ -38,63 +30,20 @@ import base64
 import ipaddress
 import json
 import re
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ansible.errors import AnsibleActionFail, AnsibleConnectionFailure, AnsibleError
-from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
-from ansible.utils.vars import load_extra_vars
 from ansible_collections.ddp_lab.cluster.plugins.filter import validate as _filters
 from ansible_collections.ddp_lab.cluster.plugins.module_utils import interfaces as _interfaces
-from ansible_collections.ddp_lab.cluster.plugins.module_utils import run_ids as _run_ids
 from ansible_collections.ddp_lab.cluster.plugins.module_utils.become import become_problem
+from ansible_collections.ddp_lab.cluster.plugins.module_utils.settings import record
 from ansible_collections.ddp_lab.cluster.plugins.module_utils.ssh import host_key_changed
-from ddplab.engines import LIGHTHOUSE_ENGINES
+from ddplab.runstate import stopped_at
 
 PROVISION_FIX = "ansible-playbook site.yml --tags provision"
-
-
-def record(check: str, problem: str | None, ok_detail: str, status: str = "fail") -> dict:
-    """``{check, status, detail}``: ``status`` with ``problem`` as detail, else ok with ``ok_detail``."""
-    return {"check": check, "status": status if problem else "ok", "detail": problem or ok_detail}
-
-
-def _positive(value: Any) -> bool:
-    try:
-        return float(value) > 0
-    except (TypeError, ValueError):
-        return False
-
-
-def rdzv_conf(host: str, conf: Any, keys: Sequence[str]) -> dict:
-    """torchrun's ``--rdzv-conf``: only keys torch reads, every value a positive number (s or count).
-    ok detail: the argument as passed (``k=v,...``)."""
-    good = isinstance(conf, Mapping) and not set(conf) - set(keys) and all(map(_positive, conf.values()))
-    problem = None if good else (
-        f"{host}: ddp_job_rdzv_conf {conf} has unknown keys or values that are not > 0; fix: use keys among "
-        f"{', '.join(keys)} with positive numbers (seconds or counts)")
-    return record("rdzv_conf", problem, ",".join(f"{k}={v}" for k, v in (conf or {}).items()) if good else "")
-
-
-def nnodes(host: str, nmin: Any, nmax: Any, trainers: int) -> dict:
-    """torchrun's elastic range ``--nnodes MIN:MAX``: 1 <= MIN <= MAX <= the trainers that exist."""
-    lo, hi = int(nmin), int(nmax)
-    if lo < 1:
-        problem = (f"{host}: ddp_job_nnodes_min={nmin} must be at least 1; fix: set ddp_job_nnodes_min"
-                   " to the fewest nodes the job may continue with (1 by default)")
-    elif lo > hi:
-        problem = (f"{host}: ddp_job_nnodes_min={nmin} is larger than ddp_job_nnodes_max={nmax} "
-                   "(torchrun --nnodes MIN:MAX); fix: set MIN <= MAX")
-    elif hi > int(trainers):
-        problem = (f"{host}: ddp_job_nnodes_max={nmax} but the inventory has {trainers} trainer(s):"
-                   " MAX counts nodes that exist;"
-                   f" fix: set ddp_job_nnodes_max to at most {trainers} (the default)")
-    else:
-        problem = None
-    return record("nnodes", problem, f"--nnodes {nmin}:{nmax} with {trainers} trainer(s)")
 
 
 def _base(version: Any) -> str:
@@ -126,11 +75,12 @@ def versions(host: str, everyone: Mapping[str, Any], pins: Mapping[str, Any], pr
     """The same Python and every pinned package of the node venv on every trainer (mismatches hang
     silently in the first collective, pytorch #174917, or train with other numerics), each as
     pinned. ``everyone``: ``{host: {python, <package>: version | None, ...} | None}`` (a venv probe,
-    :data:`VERSIONS_PROBE`); ``pins``: ``{package: pinned version}`` (python_env's pins,
-    roles/python_env/vars/main.yml ``__python_env_pins``; a version '' is not compared). A
-    difference between trainers fails (warns when this run provisions, which reinstalls them); a
-    package not as pinned fails (warns when provisioning)."""
+    validate's ``__validate_versions_probe``); ``pins``: ``{package: pinned version}`` (python_env's
+    ``python_env_pinned``; a version '' or None is not compared). A difference between trainers
+    fails (warns when this run provisions, which reinstalls them); a package not as pinned fails
+    (warns when provisioning)."""
     mine = everyone.get(host)
+    pins = {str(n).lower().replace("_", "-"): "" if v is None else str(v) for n, v in pins.items()}
     names = list(pins)
     if mine is None:
         if provision:
@@ -165,22 +115,11 @@ def versions(host: str, everyone: Mapping[str, Any], pins: Mapping[str, Any], pr
     return record("versions", None, f"{_env_text(mine, names)} (same on every trainer, as pinned)")
 
 
-def pins_of(given: Mapping[str, Any], settings: Mapping[str, str], defaults: Mapping[str, Any]
-            ) -> dict[str, str]:
-    """``{package: version}``: each pinned package's setting (``settings``: package -> the setting
-    of its version, python_env's ``__python_env_pins``) as the host sets it (``given``: setting ->
-    value, rendered), else python_env's default (``defaults``)."""
-    out = {}
-    for package, setting in settings.items():
-        value = given.get(setting, defaults.get(setting, ""))
-        out[str(package).lower().replace("_", "-")] = "" if value is None else str(value)
-    return out
-
-
-def route(host: str, target: str, rc: int, stderr: str, dev: Any, src: Any) -> dict:
+def route(host: str, target: str = "", rc: Any = -1, stderr: str = "", dev: Any = None,
+          src: Any = None) -> dict:
     """The node's route to the rendezvous address (``ip route get``: ``rc``, ``stderr``, and the
     ``dev``/``src`` it names): there must be one, and not over loopback."""
-    if rc != 0:
+    if int(rc) != 0:
         why = (stderr or "").strip()
         problem = (f"{host} has no route to the rendezvous host {target or '(no address)'} ({why});"
                    " fix: plug in the cable and check rendezvous_address"
@@ -208,11 +147,12 @@ def clock(host: str, measured: Mapping[str, Any], max_skew_s: Any) -> dict:
     return record("clock", problem, ok)
 
 
-def interface(host: str, ifname: str, facts: Mapping[str, Any], route_dev: Any, address: Any) -> dict:
+def interface(host: str, ifname: Any, facts: Mapping[str, Any], route_dev: Any = None,
+              address: Any = None) -> dict:
     """``wired_network_ifname`` set in the inventory: an interface of the node (not a pattern, not
     lo) whose IPv4 address is ``wired_network_address`` when that is set too (``address``; None
     unset). ``facts``: the node's ``ansible_facts`` with the network subset."""
-    ifaces = sorted(facts.get("interfaces") or [])
+    ifname, ifaces = str(ifname), sorted((facts or {}).get("interfaces") or [])
     # ansible-core's names: a VLAN's dot stays (module_utils/interfaces.py)
     listed = _interfaces.interface_list_name(ifname) in ifaces
     key = _interfaces.interface_fact_name(ifname)
@@ -245,13 +185,13 @@ def df_avail(stdout: str) -> dict:
     raise ValueError(f"no filesystem in df output: {stdout!r}")
 
 
-def disk(host: str, df_stdout: str, path: str, min_free_mb: float) -> dict:
+def disk(host: str, df: str, path: str, min_free_mb: float) -> dict:
     """Free space (MiB) on the filesystem that holds ``path`` (checkpoints) against ``min_free_mb``.
 
-    ``df_stdout``: ``df -P -B1`` of ``path`` and its parents (the first that exists answers). Not
+    ``df``: ``df -P -B1`` of ``path`` and its parents (the first that exists answers). Not
     ``ansible_facts.mounts``: it leaves out mounts whose device is no path, such as the overlay
     root of a container, so a lab node would have no mount for the path."""
-    found = df_avail(df_stdout)
+    found = df_avail(df)
     avail, mount = found["avail_mb"], found["mount"]
     problem = None if avail >= float(min_free_mb) else (
         f"{host}: only {int(avail)} MiB free on {mount}, where the checkpoints go ({path}), below "
@@ -287,16 +227,17 @@ PORTS = {
 }
 
 
-def port(what: str, host: str, address: str, number: Any, rc: int, state: Mapping[str, Any], stderr: str,
-         held: Sequence[str], holder: str, parent: str, state_dir: str) -> dict:
-    """The rendezvous host's port for the store (or the torchft lighthouse): free, or held by this
-    inventory's running service. ``rc``: exit code of ``python -m <module> status`` (-1: not run, the
-    setting is no port number; 0 running and answering, 1 running but not answering, 3 not running),
-    ``state`` its JSON; ``held``: addresses where something else accepts connections on the port;
-    ``holder``/``parent``: command lines of the holder and its parent process. Returns the record
-    plus ``up`` (this inventory's service runs there: the trainers' reach is checked then)."""
+def port(_host: str, what: str, rendezvous_host: str, address: str, port: Any, rc: Any,
+         state: Mapping[str, Any] | None = None, stderr: str = "", held: Sequence[str] = (), holder: str = "",
+         parent: str = "", state_dir: str = "") -> dict:
+    """The rendezvous host's ``port`` for the store (or the torchft lighthouse, ``what``): free, or
+    held by this inventory's running service. ``rc``: exit code of ``python -m <module> status`` (-1:
+    not run, the setting is no port number; 0 running and answering, 1 running but not answering, 3
+    not running), ``state`` its JSON; ``held``: addresses where something else accepts connections
+    on the port; ``holder``/``parent``: command lines of the holder and its parent process. Returns
+    the record plus ``up`` (this inventory's service runs there: the trainers' reach is checked then)."""
     check, setting, service, module = PORTS[what]
-    kind = service.split()[-1]
+    kind, host, number, rc, state = service.split()[-1], rendezvous_host, port, int(rc), state or {}
     where = f"{host}: TCP port {number}"
     holder_dir = (parent.split("--state-dir ", 1)[1].split()[0] if "--state-dir " in parent else "")
     problem = None
@@ -430,236 +371,6 @@ def dataset(host: str, sha256: Any, src: str, cache: str, url: str, stat: Mappin
     return record("dataset", problem, ok)
 
 
-# ---- one trainer's settings (tasks/main.yml, on the controller) ----------------------------------
-# A release as pip accepts it in torch==X: 2.13.0, 2.13, 2.13.0+cpu, 2.14.0rc1 (PEP 440, the subset
-# torch publishes).
-TORCH_VERSION = re.compile(r"[0-9]+(\.[0-9]+){1,2}((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?"
-                           r"(\+[a-z0-9.]+)?")
-SETTINGS_FIX = "fix: correct it in the inventory, group_vars or -e"
-
-
-def types(host: str, errors: Sequence[Any], specs: Mapping[str, Any], given: int) -> list[dict]:
-    """The types of the settings given: ``errors`` are ``validate_argument_spec``'s
-    ``argument_errors`` against the roles' merged argument ``specs`` (``{role: parsed
-    meta/argument_specs.yml}``), ``given`` how many settings were set. One fail record per error,
-    with ``name`` (the variable, None when no known one is named) and a detail
-    ``host: <variable>: <error>; fix: give <variable> a <type> (roles/<role>/README.md) ...``;
-    else one ok record."""
-    owners, options = _filters.spec_owners(dict(specs)), _filters.spec_options(dict(specs))
-    failed = []
-    for error in errors or []:
-        text = " ".join(str(error).split())
-        name = next((n for n in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text) if n in owners), None)
-        if name is None:
-            detail = f"{host}: {text}; fix: correct the variable in the inventory, group_vars or -e"
-        else:
-            detail = (f"{host}: {name}: {text}; fix: give {name} a {_want(options[name])} "
-                      f"(roles/{owners[name]}/README.md) in the inventory, group_vars or -e")
-        failed.append({"check": "types", "status": "fail", "name": name, "detail": detail})
-    ok = f"{given} setting(s) given; their types match the roles' argument specs"
-    return failed or [record("types", None, ok)]
-
-
-def ranges(host: str, values: Mapping[str, Any], rules: Sequence[Mapping[str, Any]],
-           skip: Sequence[str] = ()) -> list[dict]:
-    """Numeric ranges on top of the types (``rules`` as in the filter ``validate_range_problems``;
-    ``skip``: names whose type check failed): one fail record per violation, else one ok record."""
-    problems = _filters.range_problems(dict(values), list(rules), list(skip))
-    return [record("ranges", f"{host}: {p}; {SETTINGS_FIX}", "") for p in problems] or [
-        record("ranges", None, "ports in 1024-65535; timeouts, intervals and counts in range")]
-
-
-def train_config(host: str, dataset_sha256: Any, overrides: Mapping[str, Any] | None = None,
-                 preset: Any = None, max_steps: Any = None, threads: Any = None,
-                 fault_tolerance: Any = None, sync_every: Any = None) -> dict:
-    """The run configuration as ddp_job writes it to run.json (paths, run id and, for an engine
-    under the lighthouse, its address as placeholders), judged by the training program's own rules
-    (``ddplab.config.build_config``); ``sync_every`` only with ``fault_tolerance`` diloco, as the
-    role writes it."""
-    config = {"run_id": "preflight", "out_dir": "/preflight", "data_path": "/preflight/input.txt",
-              "data_url": None, "data_sha256": dataset_sha256}
-    config.update({k: v for k, v in {"preset": preset, "max_steps": max_steps, "threads": threads}.items()
-                   if v is not None})
-    if fault_tolerance in LIGHTHOUSE_ENGINES:
-        config.update(fault_tolerance=fault_tolerance, ft_lighthouse="http://preflight:29510")
-        if fault_tolerance == "diloco" and sync_every is not None:
-            config["sync_every"] = sync_every
-    config.update(overrides or {})
-    error = _filters.train_config_error(config)
-    problem = None if not error else (
-        f"{host}: the training program refuses the run configuration: {error}; fix: correct"
-        " ddp_job_train_overrides / ddp_job_max_steps / ddp_job_preset / ddp_job_threads / ddp_job_sync_every"
-        " (keys and ranges: python -m ddplab.train --help, docs/training.md)")
-    return record("train_config", problem, "run.json accepted by ddplab.config")
-
-
-def engine(host: str, fault_tolerance: Any, worker_argv: Sequence[Any], nproc_per_node: Any,
-           grad_compression: Any = "none") -> dict:
-    """The recovery engine (``ddp_job_fault_tolerance``): torchelastic, or per_step / diloco, which
-    train ddplab.train with one worker per laptop (one torchft replica group each: no
-    ``ddp_job_worker_argv``, ``ddp_job_nproc_per_node`` 1) and average fp32 gradients (or
-    pseudo-gradients) themselves (``ddp_job_grad_compression`` none: the compressions are DDP hooks
-    of torchelastic)."""
-    groups = LIGHTHOUSE_ENGINES
-    good = fault_tolerance == "torchelastic" or (
-        fault_tolerance in groups and not worker_argv and str(nproc_per_node).strip() == "1")
-    problem = None if good else (
-        f"{host}: ddp_job_fault_tolerance={fault_tolerance} (worker argv {list(worker_argv or [])},"
-        f" nproc_per_node {nproc_per_node}); fix: torchelastic, or {' or '.join(groups)} with one"
-        " ddplab.train worker per laptop (one torchft replica group each): leave ddp_job_worker_argv"
-        " empty and ddp_job_nproc_per_node 1")
-    if good and fault_tolerance != "torchelastic" and grad_compression not in (None, "none"):
-        problem = (f"{host}: ddp_job_grad_compression={grad_compression} with ddp_job_fault_tolerance="
-                   f"{fault_tolerance}: the compressions are hooks of the torchelastic engine's DDP"
-                   f" all-reduce, {fault_tolerance} averages fp32 gradients itself; fix:"
-                   " ddp_job_grad_compression none, or ddp_job_fault_tolerance torchelastic")
-    return record("engine", problem, f"ddp_job_fault_tolerance {fault_tolerance}")
-
-
-def governor(host: str, governor: str, known: Sequence[str]) -> dict:
-    """``cpu_governor_governor`` names a Linux cpufreq governor (``known``)."""
-    problem = None if governor in known else (
-        f"{host}: cpu_governor_governor '{governor}' is not a Linux cpufreq governor;"
-        f" fix: use one of {', '.join(known)} (usually performance)")
-    return record("governor", problem, f"cpu_governor_governor {governor}")
-
-
-def torch_version(host: str, version: Any) -> dict:
-    """``python_env_torch_version`` is a release number (:data:`TORCH_VERSION`)."""
-    version = str(version)
-    problem = None if TORCH_VERSION.fullmatch(version) else (
-        f"{host}: python_env_torch_version '{version}' is not a version (like 2.13.0);"
-        " fix: set it to the torch release to install, without 'torch=='")
-    return record("torch_version", problem, f"python_env_torch_version {version}")
-
-
-# ---- the settings given, once, before any role starts (tasks/given.yml) ---------------------------
-EXTRA = "-e"
-# The checks of one trainer's settings and the settings each reads: check -> {its argument: the
-# variable}. The one home of their skip rules (:func:`left_out`), for tasks/main.yml (per host) and
-# :func:`given` (-e values, once); given judges a check that reads several settings only when every
-# one is given with -e or set on no host (so the role's default): then every host sees the same.
-SETTINGS = {
-    "rdzv_conf": {"conf": "ddp_job_rdzv_conf"},
-    "governor": {"governor": "cpu_governor_governor"},
-    "torch_version": {"version": "python_env_torch_version"},
-    "engine": {"fault_tolerance": "ddp_job_fault_tolerance", "worker_argv": "ddp_job_worker_argv",
-               "nproc_per_node": "ddp_job_nproc_per_node", "grad_compression": "ddp_job_grad_compression"},
-    "nnodes": {"min": "ddp_job_nnodes_min", "max": "ddp_job_nnodes_max"},
-    "train_config": {"dataset_sha256": "ddp_job_dataset_sha256", "overrides": "ddp_job_train_overrides",
-                     "preset": "ddp_job_preset", "max_steps": "ddp_job_max_steps",
-                     "threads": "ddp_job_threads", "sync_every": "ddp_job_sync_every"},
-}
-
-
-def left_out(check: str, bad_types: Sequence[str] = (), resume: bool = False,
-             inventory_ok: bool = True) -> bool:
-    """Whether a check of :data:`SETTINGS` is left out: one of the settings it reads failed its type
-    check (``bad_types``: its one line says so already); ``train_config`` on a resume (``resume``:
-    the run's configuration merged with these is judged by tasks/resume.yml); ``nnodes`` when the
-    inventory's shape failed or is not known (``inventory_ok`` false: MAX counts the trainers).
-    Checks not in :data:`SETTINGS` are never left out here."""
-    if set(SETTINGS.get(check, {}).values()) & set(bad_types or ()):
-        return True
-    return (check == "train_config" and bool(resume)) or (check == "nnodes" and not inventory_ok)
-
-
-def _want(option: Mapping[str, Any]) -> str:
-    want = option.get("type", "str")
-    if option.get("elements"):
-        want += f" of {option['elements']}"
-    if option.get("choices"):
-        want += " among " + ", ".join(map(str, option["choices"]))
-    return want
-
-
-def type_error(name: str, value: Any, option: Mapping[str, Any]) -> str:
-    """What Ansible's argument spec validation (``ArgumentSpecValidator``, the code behind
-    ``validate_argument_spec`` and a role's own check at its start) says of ``value`` for the
-    option ``name`` (one entry of a role's ``meta/argument_specs.yml``, defaults dropped): '' when
-    it is accepted, else its messages joined on one line."""
-    result = ArgumentSpecValidator({name: dict(option)}).validate({name: value})
-    return " ".join(" ".join(str(m).split()) for m in result.error_messages)
-
-
-def given(specs: Mapping[str, Any], hosts: Mapping[str, Mapping[str, Any]], extra: Mapping[str, Any],
-          rules: Sequence[Mapping[str, Any]] = (), rdzv_keys: Sequence[str] = (),
-          governors: Sequence[str] = (), trainers: int = 0, defaults: Mapping[str, Any] | None = None,
-          per_host_e: Sequence[str] = ()) -> list[dict]:
-    """The settings given, judged once on the controller before any role starts anywhere.
-
-    Args:
-        specs: ``{role: parsed meta/argument_specs.yml}`` of the roles whose settings are checked.
-        hosts: ``{host: {variable: value}}``, the settings each inventory host has from the
-            inventory (host_vars, group_vars), -e ones left out.
-        extra: ``{variable: value}`` given with -e (the same on every host).
-        rules, rdzv_keys, governors: as the checks ranges, rdzv_conf and governor take them.
-        trainers: how many trainers the inventory has (``ddp_job_nnodes_max``'s default).
-        defaults: the roles' defaults of the settings :data:`SETTINGS`'s checks read.
-        per_host_e: variables given with -e as a template each host renders its own way (in
-            ``hosts``, not ``extra``; named "-e, as rendered there" instead of "inventory").
-
-    Returns:
-        One fail record per problem, ``detail`` one line: an -e value once (``-e NAME=VALUE: ...``)
-        against its type, range and, where it is all a check reads, the check (ranges, rdzv_conf,
-        governor, torch_version, engine, nnodes, train_config); an inventory value of the wrong
-        type once for the hosts that share it (``t-a, t-b: NAME=VALUE (inventory): ...``); a value of
-        a run id variable (:data:`RUN_ID_VARS` of the ddp_lab filters) not of a run id's form. Else
-        one ok record.
-    """
-    owners, options = _filters.spec_owners(dict(specs)), _filters.spec_options(dict(specs))
-    failed: list[str] = []
-    bad: set[str] = set()
-
-    def typed(name: str, value: Any) -> str:
-        """'' or what is wrong with this value of ``name`` and the fix (its form for a run id,
-        else its type)."""
-        if name in _run_ids.RUN_ID_VARS:
-            problem = _run_ids.run_id_problem(value, name)
-            if problem:  # "<name> '<value>' is not a run id: <form>; fix: ..." without the name
-                return "not a run id: " + problem.split(" is not a run id: ", 1)[1]
-        if name not in options:
-            return ""
-        error = type_error(name, value, options[name])
-        want, role = _want(options[name]), owners[name]
-        return error and f"{error}; fix: give {name} a {want} (roles/{role}/README.md)"
-
-    for name in sorted(extra):
-        problem = typed(name, extra[name])
-        if problem:
-            bad.add(name)
-            failed.append(f"{EXTRA} {name}={extra[name]!r}: {problem}")
-    shared: dict[tuple[str, str, str], list[str]] = {}
-    for host, values in hosts.items():
-        for name in sorted(set(values) - set(extra)):
-            problem = typed(name, values[name])
-            if problem:
-                shared.setdefault((name, repr(values[name]), problem), []).append(host)
-    for (name, shown, problem), where in shared.items():
-        origin = "-e, as rendered there" if name in per_host_e else "inventory"
-        failed.append(f"{', '.join(where)}: {name}={shown} ({origin}): {problem}")
-
-    mine = {n: v for n, v in extra.items() if n not in bad}
-    records = [{"check": "given", "status": "fail", "detail": d} for d in failed]
-    found = [r for r in ranges(EXTRA, mine, rules) if r["status"] == "fail"]
-    set_somewhere = {n for values in hosts.values() for n in values}
-    resume = any(v.get("ddp_job_resume_run_id") for v in [extra, *hosts.values()])
-    fixed = {"rdzv_conf": {"keys": rdzv_keys}, "governor": {"known": governors},
-             "nnodes": {"trainers": trainers}}  # what the checks read besides the settings
-    for check, inputs in SETTINGS.items():
-        names = set(inputs.values())
-        if (not names & set(mine) or (names - set(extra)) & set_somewhere
-                or left_out(check, sorted(bad), resume, inventory_ok=bool(trainers))):
-            continue
-        args = {arg: mine[n] if n in mine else (defaults or {}).get(n) for arg, n in inputs.items()}
-        if check == "nnodes" and args["max"] is None:  # ddp_job_nnodes_max's default: the trainers
-            args["max"] = trainers
-        found.append(settings_check(EXTRA, check, {**args, **fixed.get(check, {})}))
-    records += [dict(r, check="given") for r in found if r["status"] == "fail"]
-    ok = f"{len(extra)} setting(s) given with -e, {len(set_somewhere)} in the inventory: accepted"
-    return records or [record("given", None, ok)]
-
-
 # ---- on the node (tasks/node.yml) -----------------------------------------------------------------
 def reachable(host: str, facts: Mapping[str, Any] | None, msg: str = "", lab: bool = False) -> dict:
     """The node answered the fact gathering (``facts``: its ``ansible_facts``; None: it did not,
@@ -723,8 +434,7 @@ def launch(host: str, unit_show: str, run_id: str = "", stop: Mapping[str, Any] 
     seen = _filters.unit_launch(unit_show)
     stopped = ""
     if host in ((stop or {}).get("hosts") or []):
-        when = time.strftime("%H:%M:%S", time.localtime(float((stop or {}).get("time") or 0)))
-        stopped = f"the last run {run_id or '?'} was stopped by stop.yml at {when}"
+        stopped = f"the last run {run_id or '?'} was {stopped_at(stop)}"
     if not seen["loaded"]:
         first = (f"{stopped} (its agent unit is gone)" if stopped else "no agent launched on this node yet")
         return {"check": "launch", "status": "skip", "detail": (
@@ -823,74 +533,34 @@ def gloo(host: str, route: Mapping[str, Any] | None, unit_show: str, addr_show: 
     return record("gloo", problem, f"binds {src} ({how}) = the route's source{also}", "warn")
 
 
-def settings_check(host: str, check: str, args: Mapping[str, Any]) -> dict | list[dict]:
-    """Run the check ``check`` with its named arguments (as tasks pass them): ``rdzv_conf``
-    (``conf``, ``keys``) and ``nnodes`` (``min``, ``max``, ``trainers``) by name, the checks of
-    :data:`PURE` as ``check(host, **args)``. Raises KeyError for an unknown check or a missing
-    argument, TypeError for an unexpected one."""
-    if check == "rdzv_conf":
-        return rdzv_conf(host, args.get("conf"), args.get("keys") or [])
-    if check == "nnodes":
-        return nnodes(host, args["min"], args["max"], int(args["trainers"]))
-    return PURE[check](host, **args)
-
-
 # Checks that are pure functions of their arguments: called as ``check(host, **args)``.
-PURE = {f.__name__: f for f in (trainers, rendezvous, rendezvous_address, unique_hosts, unique_names,
-                                  dataset, types, ranges, train_config, engine, governor, torch_version,
-                                  reachable, hosts_file, launch, dpkg_lock, gloo)}
+PURE = {f.__name__: f for f in (trainers, rendezvous, rendezvous_address, unique_hosts, unique_names, dataset,
+                                  port, reachable, route, hosts_file, launch, gloo, interface, clock, disk,
+                                  dpkg_lock)}
 # Checks that compare a host var across the play's hosts: check -> (function, default host var).
 ACROSS = {"unique_address": (unique_address, "__validate_address"),
           "unique_name": (unique_name, "__validate_hostname")}
 
 
-_UNSET = object()
-
-
-def _value(found: Any, name: str) -> Any:
-    """``found[name]`` (``found``: ``hostvars[host]``) rendered for that host (a template -e value may
-    read the host's own facts), as plain data; :data:`_UNSET` when the host has no such variable or
-    cannot render it yet (e.g. a fact a later play sets): its own checks judge it where the role runs."""
-    try:
-        if name not in found:
-            return _UNSET
-        return json.loads(json.dumps(found[name]))
-    except (AnsibleError, TypeError, ValueError):
-        return _UNSET
-
-
 class ActionModule(ActionBase):
     """Run the checks given (``checks``: a list of ``{check, args, skip}``; see the module docstring)
-    and return their records (``records``), in order. Left out: a check with ``skip: true``, and one
-    of a trainer's settings that :func:`left_out` leaves out, from the task's ``bad_types`` (the
-    settings whose type check failed; ``ranges`` skips them too), ``resume_run_id`` with
-    ``run_train`` (a resume this run judges: tasks/resume.yml) and ``inventory_ok`` (the inventory's
-    shape passed)."""
+    and return their records (``records``), in order; a check with ``skip: true`` is left out."""
 
-    def _one(self, check: str, args: Mapping[str, Any], task_vars: dict) -> dict | list[dict] | None:
+    def _one(self, check: str, args: Mapping[str, Any], task_vars: dict) -> dict | None:
         host = task_vars.get("inventory_hostname", "?")
-        if check in PURE or check in ("rdzv_conf", "nnodes"):
-            return settings_check(host, check, args)
+        hv, play = task_vars.get("hostvars", {}), task_vars.get("ansible_play_hosts", [])
+        if check in PURE:
+            return PURE[check](host, **args)
         if check in ACROSS:
             func, key = ACROSS[check]
-            hv = task_vars["hostvars"]
-            key = args.get("key") or key
-            values = {h: hv[h].get(key, "") for h in task_vars.get("ansible_play_hosts", [])}
-            return func(host, values)
-        if check == "given":
-            return self._given(args, task_vars)
+            return func(host, {h: hv[h].get(args.get("key") or key, "") for h in play})
         if check == "versions":
-            hv, key = task_vars["hostvars"], args.get("key") or "__validate_versions"
-            everyone = {h: venv_versions(hv[h].get(key)) for h in task_vars.get("ansible_play_hosts", [])}
-            settings = dict(args.get("pins") or {})
-            given = {v: self._templar.template(task_vars[v]) for v in settings.values() if v in task_vars}
-            pins = pins_of(given, settings, args.get("defaults") or {})
+            key = args.get("key") or "__validate_versions"
+            everyone = {h: venv_versions(hv[h].get(key)) for h in play}
             provision = boolean(args.get("provision", False), strict=False)
-            return versions(host, everyone, pins, args.get("prefix", ""), provision)
+            return versions(host, everyone, dict(args.get("pins") or {}), args.get("prefix", ""), provision)
         if check == "become":
             return self._become(host, task_vars)
-        if check == "disk":
-            return disk(host, args.get("df") or "", args["path"], args["min_free_mb"])
         if check == "reach":
             res = self._execute_module(
                 module_name="ansible.builtin.wait_for", task_vars=task_vars,
@@ -900,18 +570,6 @@ class ActionModule(ActionBase):
                 return None
             error = (res.get("msg") or "failed") if res.get("failed") else None
             return reach(host, args["what"], args["address"], args["port"], args["timeout_s"], error)
-        if check == "route":
-            return route(host, args.get("target") or "", int(args.get("rc", -1)), args.get("stderr") or "",
-                         args.get("dev"), args.get("src"))
-        if check == "clock":
-            return clock(host, args["measured"], args["max_skew_s"])
-        if check == "interface":
-            return interface(host, str(args["ifname"]), args.get("facts") or {}, args.get("route_dev"),
-                             args.get("address"))
-        if check == "port":
-            return port(args["what"], args["host"], args["address"], args["port"], int(args["rc"]),
-                        args.get("state") or {}, args.get("stderr") or "", args.get("held") or [],
-                        args.get("holder") or "", args.get("parent") or "", args.get("state_dir") or "")
         raise AnsibleActionFail(f"validate_check: unknown check {check!r}")
 
     def _become(self, host: str, task_vars: dict) -> dict | None:
@@ -940,55 +598,20 @@ class ActionModule(ActionBase):
                       f"{method} works without a prompt" + (" (a password was given)" if
                                                              self._play_context.become_pass else ""))
 
-    def _given(self, args: Mapping[str, Any], task_vars: dict) -> list[dict]:
-        """The check ``given``: ``specs``, ``hosts`` (the inventory hosts to read), ``rules``,
-        ``rdzv_keys``, ``governors``, ``trainers``, ``defaults`` (see :func:`given`). Which settings
-        came with -e is what ansible-playbook parsed from its command line (``load_extra_vars``);
-        their values and each host's are read from ``hostvars`` (rendered as the roles see them)."""
-        hv = task_vars["hostvars"]
-        options = _filters.spec_options(dict(args["specs"]))
-        names = set(options) | set(_run_ids.RUN_ID_VARS)
-        everywhere = list(args.get("hosts") or []) or [task_vars.get("inventory_hostname", "localhost")]
-        hosts: dict[str, dict[str, Any]] = {h: {} for h in everywhere}
-        extra: dict[str, Any] = {}
-        given_with_e = set(load_extra_vars(self._loader))
-        host_vars = {h: hv[h] for h in everywhere}  # each one's variables, gathered once
-        for name in sorted(names):
-            seen = {h: _value(host_vars[h], name) for h in everywhere}
-            seen = {h: v for h, v in seen.items() if v is not _UNSET}
-            first = next(iter(seen.values()), None)
-            if name in given_with_e and seen and all(v == first for v in seen.values()):
-                extra[name] = first
-            else:  # set in the inventory, or an -e template each host renders its own way: per host
-                for h, v in seen.items():
-                    hosts[h][name] = v
-        return given(args["specs"], hosts, extra, args.get("rules") or [], args.get("rdzv_keys") or [],
-                     args.get("governors") or [], int(args.get("trainers") or 0), args.get("defaults") or {},
-                     sorted(given_with_e - set(extra)))
-
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
-        task = self._task.args
-        # what decides which checks of SETTINGS are left out (:func:`left_out`), as the task gives it
-        bad = list(task.get("bad_types") or [])
-        resume = bool(task.get("resume_run_id")) and boolean(task.get("run_train", True), strict=False)
-        inventory_ok = boolean(task.get("inventory_ok", True), strict=False)
         records = []
-        for item in task.get("checks") or []:
-            check = item.get("check")
-            if item.get("skip") or left_out(check, bad, resume, inventory_ok):
+        for item in self._task.args.get("checks") or []:
+            if item.get("skip"):
                 continue
-            args = item.get("args") or {}
-            if check == "ranges" and "skip" not in args:
-                args = {**args, "skip": bad}
             try:
-                rec = self._one(check, args, task_vars)
+                rec = self._one(item.get("check"), item.get("args") or {}, task_vars)
             except (KeyError, TypeError, ValueError) as exc:
-                raise AnsibleActionFail(f"validate_check {check}: bad arguments ({exc})") from exc
+                raise AnsibleActionFail(f"validate_check {item.get('check')}: bad arguments ({exc})") from exc
             if rec is None:
                 result.update({"unreachable": True, "msg": "the node cannot be reached"})
                 return result
-            records.extend(rec if isinstance(rec, list) else [rec])
+            records.append(rec)
         result.update({"changed": False, "records": records})
         return result

@@ -7,7 +7,10 @@ only noise: their ``[ERROR]:`` line is printed alone (``Task failed: Action fail
 words ``errors()`` of tests/labharness.py and people read), for a task and for each failed item of
 a loop. A refusal (:func:`is_refusal`) is a failure whose message the action wrote itself: an
 assert whose condition was false (its result carries ``assertion``), a fail task's ``msg``, a
-project action plugin's failed result or ``AnsibleActionFail``. Every other failure, of these
+project action plugin's failed result or ``AnsibleActionFail``, or a role's own argument check
+(``validate_argument_spec``, which a role with ``meta/argument_specs.yml`` runs at its start): its
+errors in one line (:func:`argument_line`), without the whole spec it carries
+(``argument_spec_data``). Every other failure, of these
 actions too (a conditional or template that cannot be evaluated, an exception inside a plugin), and
 of every other action keeps Ansible's whole message with its origin. The ``fatal: [host]: FAILED!``
 (or ``failed: [host] (item=...)``) line that follows stays (an assert's ``assertion`` and
@@ -42,6 +45,9 @@ DOCUMENTATION = """
 REFUSALS = frozenset({"assert", "fail", "ansible.builtin.assert", "ansible.builtin.fail",
                       "ansible.legacy.assert", "ansible.legacy.fail"})
 ASSERTS = frozenset(a for a in REFUSALS if a.endswith("assert"))
+# ... and a settings check against an argument spec (a role's own at its start)
+ARGUMENT_SPECS = frozenset({"validate_argument_spec", "ansible.builtin.validate_argument_spec",
+                            "ansible.legacy.validate_argument_spec"})
 # ... and the project's own action plugins (this collection's plugins/action/<name>.py, by FQCN)
 PROJECT_ACTIONS = frozenset(f"ddp_lab.cluster.{p.stem}"
                             for p in (Path(__file__).resolve().parents[1] / "action").glob("*.py"))
@@ -56,6 +62,15 @@ def innermost_message(summary: Any) -> str | None:
     return None if event is None else str(event.msg)
 
 
+def argument_line(result: Mapping[str, Any]) -> str:
+    """A failed argument spec check in one line: Ansible's words on each setting it refused and
+    where the role documents its settings (``validate_args_context``: the role's own check)."""
+    errors = "; ".join(" ".join(str(e).split()) for e in result.get("argument_errors") or [])
+    role = (result.get("validate_args_context") or {}).get("name")
+    where = f" (roles/{role}/README.md)" if role else ""
+    return f"{errors or result.get('msg')}; fix: correct it in the inventory, group_vars or -e{where}"
+
+
 def is_refusal(action: str, result: Mapping[str, Any], summary: Any) -> bool:
     """Whether the failed result ``result`` of a task of ``action`` (its error summary ``summary``)
     is a refusal written for people (see the module docstring).
@@ -65,7 +80,7 @@ def is_refusal(action: str, result: Mapping[str, Any], summary: Any) -> bool:
     message) as the ``msg``, while for an exception it composes ``msg`` from the whole chain
     (``Task failed: Error while evaluating conditional: ...``), ansible-core 2.19
     ``_error_utils.result_dict_from_exception``."""
-    if action not in REFUSALS and action not in PROJECT_ACTIONS:
+    if action not in REFUSALS and action not in PROJECT_ACTIONS and action not in ARGUMENT_SPECS:
         return False
     msg = result.get("msg")
     if not msg or innermost_message(summary) != str(msg):
@@ -89,8 +104,10 @@ class CallbackModule(DefaultCallback):
         drops the assert's expression from it."""
         refusal = is_refusal(str(result.task.action), result.result, result.exception)
         if refusal:  # the assert's expression is the role's code, not the user's problem
-            for key in ("assertion", "evaluated_to"):
+            for key in ("assertion", "evaluated_to", "argument_spec_data"):
                 result.result.pop(key, None)
+            if str(result.task.action) in ARGUMENT_SPECS:
+                result.result["msg"] = argument_line(result.result)
         return refusal
 
     def v2_runner_on_failed(self, result, ignore_errors: bool = False) -> None:

@@ -194,6 +194,10 @@ def collect_services_of_run(store: Mapping[str, Any] | None, lighthouse: Mapping
     return {"stop": True, "line": f"the run ended on every trainer: stopping its {names}"}
 
 
+# The role's rule for its settings (module_utils/settings.py).
+SETTINGS = [{"name": "collect_checkpoints", "min": 0}]
+
+
 class FilterModule:
     """The filters above."""
 

@@ -1,6 +1,8 @@
 """Filters of the ddp_job role: which worker logs ``logs.yml`` shows, the input it takes,
-whether stop.yml stopped the run the watch followed, and the state of the run looked at on a node
-(status.yml's table and attach.yml: :func:`ddplab.runstate.node_state`)."""
+whether stop.yml stopped the run the watch followed, the state of the run looked at on a node
+(status.yml's table and attach.yml: :func:`ddplab.runstate.node_state`), and the role's rules for
+its settings (:data:`SETTINGS`: ranges, --rdzv-conf, the elastic range, the recovery engine, the run
+configuration; module_utils/settings.py judges them, in the preflight and before anything starts)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ansible_collections.ddp_lab.cluster.plugins.module_utils.hostvars import agent_ran_hosts, statuses_of
-from ddplab.runstate import WORDS, cut_off_hosts, node_state, stop_event, unit_tells_run
+from ansible_collections.ddp_lab.cluster.plugins.module_utils.settings import record
+from ddplab import config as ddplab_config
+from ddplab.engines import LIGHTHOUSE_ENGINES
+from ddplab.runstate import WORDS, cut_off_hosts, node_state, stop_event, stopped_at, unit_tells_run
 
 # torchrun --log-dir D writes D/<run id>_<random>/attempt_<restart>/<local rank>/stderr.log
 # (torch.distributed.elastic.multiprocessing.api: one folder per launch and per restart).
@@ -173,8 +178,7 @@ def attach_plan(results: Mapping[str, Any], stop: Mapping[str, Any] | None = Non
     line = ""
     if not watch:
         nodes = ", ".join(f"{h}: {WORDS.get(s, s)}" for h, s in states.items())
-        when = (f"; stopped by stop.yml at {time.strftime('%H:%M:%S', time.localtime(float(stop['time'])))}"
-                if (stop or {}).get("time") else "")
+        when = f"; {stopped_at(stop)}" if (stop or {}).get("time") else ""
         line = (f"run {run_id} does not run any more ({nodes}{when}): nothing to follow; it is collected now"
                 + (f" (the trainers' agents run run {', '.join(others)})" if others else ""))
     problem = ""
@@ -196,6 +200,123 @@ def collect_hint(run_id: Any, run_tags: Iterable[str] = ("all",), skip_tags: Ite
     return (f"run {run_id} ended and is not collected by this play (--tags/--skip-tags); collect it "
             "(summary.json, the final report): ansible-playbook playbooks/collect.yml "
             f"-e collect_run_id={run_id}")
+
+
+# The --rdzv-conf keys torch 2.13 reads (dynamic_rendezvous.create_handler, c10d backend); is_host is
+# always false and set by the role.
+RDZV_KEYS = ("join_timeout", "last_call_timeout", "close_timeout", "heartbeat_timeout", "keep_alive_interval",
+             "keep_alive_max_attempt", "read_timeout")
+
+
+def _positive(value: Any) -> bool:
+    try:
+        return float(value) > 0
+    except (TypeError, ValueError):
+        return False
+
+
+def rdzv_conf(host: str, conf: Any, keys: Iterable[str] = RDZV_KEYS) -> dict:
+    """torchrun's ``--rdzv-conf``: only keys torch reads, every value a positive number (s or count).
+    ok detail: the argument as passed (``k=v,...``)."""
+    keys = list(keys)
+    good = isinstance(conf, Mapping) and not set(conf) - set(keys) and all(map(_positive, conf.values()))
+    problem = None if good else (
+        f"{host}: ddp_job_rdzv_conf {conf} has unknown keys or values that are not > 0; fix: use keys among "
+        f"{', '.join(keys)} with positive numbers (seconds or counts)")
+    return record("rdzv_conf", problem, ",".join(f"{k}={v}" for k, v in (conf or {}).items()) if good else "")
+
+
+def nnodes(host: str, nmin: Any, nmax: Any, trainers: int) -> dict:
+    """torchrun's elastic range ``--nnodes MIN:MAX``: 1 <= MIN <= MAX <= the trainers that exist."""
+    lo, hi = int(nmin), int(nmax)
+    if lo < 1:
+        problem = (f"{host}: ddp_job_nnodes_min={nmin} must be at least 1; fix: set ddp_job_nnodes_min"
+                   " to the fewest nodes the job may continue with (1 by default)")
+    elif lo > hi:
+        problem = (f"{host}: ddp_job_nnodes_min={nmin} is larger than ddp_job_nnodes_max={nmax} "
+                   "(torchrun --nnodes MIN:MAX); fix: set MIN <= MAX")
+    elif hi > int(trainers):
+        problem = (f"{host}: ddp_job_nnodes_max={nmax} but the inventory has {trainers} trainer(s):"
+                   " MAX counts nodes that exist;"
+                   f" fix: set ddp_job_nnodes_max to at most {trainers} (the default)")
+    else:
+        problem = None
+    return record("nnodes", problem, f"--nnodes {nmin}:{nmax} with {trainers} trainer(s)")
+
+
+def train_config(host: str, dataset_sha256: Any, overrides: Mapping[str, Any] | None = None,
+                 preset: Any = None, max_steps: Any = None, threads: Any = None,
+                 fault_tolerance: Any = None, sync_every: Any = None) -> dict:
+    """The run configuration as the role writes it to run.json (paths, run id and, for an engine
+    under the lighthouse, its address as placeholders), judged by the training program's own rules
+    (``ddplab.config.build_config``, as ``python -m ddplab.train --check``; needs no torch);
+    ``sync_every`` only with ``fault_tolerance`` diloco, as the role writes it."""
+    config = {"run_id": "preflight", "out_dir": "/preflight", "data_path": "/preflight/input.txt",
+              "data_url": None, "data_sha256": dataset_sha256}
+    config.update({k: v for k, v in {"preset": preset, "max_steps": max_steps, "threads": threads}.items()
+                   if v is not None})
+    if fault_tolerance in LIGHTHOUSE_ENGINES:
+        config.update(fault_tolerance=fault_tolerance, ft_lighthouse="http://preflight:29510")
+        if fault_tolerance == "diloco" and sync_every is not None:
+            config["sync_every"] = sync_every
+    config.update(overrides or {})
+    try:
+        ddplab_config.build_config(json_values=config)
+        problem = None
+    except ddplab_config.ConfigError as exc:
+        problem = (f"{host}: the training program refuses the run configuration: {exc}; fix: correct"
+                   " ddp_job_train_overrides / ddp_job_max_steps / ddp_job_preset / ddp_job_threads /"
+                   " ddp_job_sync_every (keys and ranges: python -m ddplab.train --help, docs/training.md)")
+    return record("train_config", problem, "run.json accepted by ddplab.config")
+
+
+def engine(host: str, fault_tolerance: Any, worker_argv: Iterable[Any], nproc_per_node: Any,
+           grad_compression: Any = "none") -> dict:
+    """The recovery engine (``ddp_job_fault_tolerance``): torchelastic, or per_step / diloco, which
+    train ddplab.train with one worker per laptop (one torchft replica group each: no
+    ``ddp_job_worker_argv``, ``ddp_job_nproc_per_node`` 1) and average fp32 gradients (or
+    pseudo-gradients) themselves (``ddp_job_grad_compression`` none: the compressions are DDP hooks
+    of torchelastic)."""
+    groups = LIGHTHOUSE_ENGINES
+    good = fault_tolerance == "torchelastic" or (
+        fault_tolerance in groups and not worker_argv and str(nproc_per_node).strip() == "1")
+    problem = None if good else (
+        f"{host}: ddp_job_fault_tolerance={fault_tolerance} (worker argv {list(worker_argv or [])},"
+        f" nproc_per_node {nproc_per_node}); fix: torchelastic, or {' or '.join(groups)} with one"
+        " ddplab.train worker per laptop (one torchft replica group each): leave ddp_job_worker_argv"
+        " empty and ddp_job_nproc_per_node 1")
+    if good and fault_tolerance != "torchelastic" and grad_compression not in (None, "none"):
+        problem = (f"{host}: ddp_job_grad_compression={grad_compression} with ddp_job_fault_tolerance="
+                   f"{fault_tolerance}: the compressions are hooks of the torchelastic engine's DDP"
+                   f" all-reduce, {fault_tolerance} averages fp32 gradients itself; fix:"
+                   " ddp_job_grad_compression none, or ddp_job_fault_tolerance torchelastic")
+    return record("engine", problem, f"ddp_job_fault_tolerance {fault_tolerance}")
+
+
+# The role's rules for its settings (module_utils/settings.py): ranges, then checks of several settings.
+SETTINGS = [
+    {"name": "ddp_job_nproc_per_node", "min": 1},
+    {"name": "ddp_job_max_restarts", "min": 0},
+    *({"name": f"ddp_job_{n}", "above": 0} for n in ("monitor_interval_s", "start_barrier_timeout_s",
+                                                    "stop_timeout_s", "watch_interval_s", "watch_timeout_s",
+                                                    "outer_lr")),
+    {"name": "ddp_job_watch_max_errors", "min": 1},
+    {"name": "ddp_job_journal_lines", "min": 0},
+    {"name": "ddp_job_powersgd_rank", "min": 1},
+    {"name": "ddp_job_sync_every", "min": 1},
+    {"name": "ddp_job_powersgd_start_step", "min": 2,
+     "why": "PowerSGD's error feedback needs two plain all-reduces first"},
+    {"check": "rdzv_conf", "run": rdzv_conf, "reads": {"conf": "ddp_job_rdzv_conf"}},
+    {"check": "nnodes", "run": nnodes, "reads": {"nmin": "ddp_job_nnodes_min", "nmax": "ddp_job_nnodes_max"},
+     "trainers": True},
+    {"check": "train_config", "run": train_config, "unless": "ddp_job_resume_run_id",
+     "reads": {"dataset_sha256": "ddp_job_dataset_sha256", "overrides": "ddp_job_train_overrides",
+               "preset": "ddp_job_preset", "max_steps": "ddp_job_max_steps", "threads": "ddp_job_threads",
+               "fault_tolerance": "ddp_job_fault_tolerance", "sync_every": "ddp_job_sync_every"}},
+    {"check": "engine", "run": engine,
+     "reads": {"fault_tolerance": "ddp_job_fault_tolerance", "worker_argv": "ddp_job_worker_argv",
+               "nproc_per_node": "ddp_job_nproc_per_node", "grad_compression": "ddp_job_grad_compression"}},
+]
 
 
 class FilterModule:

@@ -1,6 +1,6 @@
 """Filters of the ddp_lab defaults role: which run a playbook acts on (``tasks/run_id.yml``) and
-the name under which Ansible's facts hold a network interface; the rules live in
-module_utils/run_ids.py and module_utils/interfaces.py."""
+the name under which Ansible's facts hold a network interface (the rules live in
+module_utils/run_ids.py and module_utils/interfaces.py); the role's rules for its settings."""
 
 from __future__ import annotations
 
@@ -10,6 +10,10 @@ from ansible_collections.ddp_lab.cluster.plugins.module_utils.run_ids import (
     resolve_run_id,
     run_id_problems,
 )
+
+# The role's rules for its settings (module_utils/settings.py).
+SETTINGS = [{"name": "rendezvous_port", "min": 1024, "max": 65535,
+             "why": "below 1024 needs root; the store runs unprivileged"}]
 
 
 class FilterModule:

@@ -9,14 +9,13 @@ measurement's inputs, output and one-line outcome (tasks/report.yml: :func:`down
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible_collections.ddp_lab.cluster.plugins.module_utils.hostvars import host_values
 from ddplab import engines
-from ddplab.runstate import WORDS, node_states
+from ddplab.runstate import WORDS, node_states, stopped_at
 from jinja2 import Environment
 from jinja2.filters import do_truncate
 
@@ -69,9 +68,7 @@ def agent_states(progress: Mapping[str, Any], stop: Mapping[str, Any] | None = N
 
     ``progress``: host -> its ``node_status`` result (skipped: not read); ``stop``: the stop event
     ({} or None when the run was not stopped)."""
-    stop = stop or {}
-    when = time.strftime("%H:%M:%S", time.localtime(float(stop.get("time") or 0)))
-    words = {**WORDS, "stopped": f"stopped by stop.yml at {when}", "unreachable": "down", "error": "down"}
+    words = {**WORDS, "stopped": stopped_at(stop), "unreachable": "down", "error": "down"}
     read = {h: r if isinstance(r, Mapping) and r.get("state") and not r.get("skipped")
             else {"state": "unreachable"} for h, r in progress.items()}
     return {h: words[s] for h, s in node_states(read, stop).items()}

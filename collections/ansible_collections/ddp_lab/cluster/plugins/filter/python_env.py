@@ -1,8 +1,13 @@
-"""Filters of the python_env role: wheel platform tags, pip errors, version mismatches."""
+"""Filters of the python_env role: wheel platform tags, pip errors, version mismatches, and the
+role's rule for its settings (:data:`SETTINGS`: the torch version's form)."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
+from typing import Any
+
+from ansible_collections.ddp_lab.cluster.plugins.module_utils.settings import record
 
 # Legacy manylinux names and the glibc minor version each one stands for (PEP 600).
 _LEGACY = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
@@ -132,6 +137,26 @@ def venv_problem(cfg_text: str, rc: object, stdout: str, error: str, node_versio
         return (f"the venv {prefix} runs Python {got}, but {python} is {node_version} (its packages are"
                 f" built for {got}): rebuilding it with {python} {node_version} from the wheelhouse")
     return ""
+
+
+# A release as pip accepts it in torch==X: 2.13.0, 2.13, 2.13.0+cpu, 2.14.0rc1 (PEP 440, the subset
+# torch publishes).
+TORCH_VERSION = re.compile(r"[0-9]+(\.[0-9]+){1,2}((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?"
+                           r"(\+[a-z0-9.]+)?")
+
+
+def torch_version(host: str, version: Any) -> dict:
+    """``python_env_torch_version`` is a release number (:data:`TORCH_VERSION`)."""
+    version = str(version)
+    problem = None if TORCH_VERSION.fullmatch(version) else (
+        f"{host}: python_env_torch_version '{version}' is not a version (like 2.13.0);"
+        " fix: set it to the torch release to install, without 'torch=='")
+    return record("torch_version", problem, f"python_env_torch_version {version}")
+
+
+# The role's rule for its settings (module_utils/settings.py).
+SETTINGS = [{"check": "torch_version", "run": torch_version,
+             "reads": {"version": "python_env_torch_version"}}]
 
 
 class FilterModule:

@@ -1,6 +1,7 @@
 """Filters of the validate role: turn what the read-only checks read into facts (routes, lock
-holders, clock offsets, unit properties, the doctor's table); the action plugin validate_check
-(plugins/action/validate_check.py) builds every check record from them.
+holders, clock offsets, unit properties, the doctor's table) and judge a resume
+(:func:`resume_plan`); the action plugin validate_check (plugins/action/validate_check.py) builds
+every check record from them. :data:`SETTINGS`: the role's rules for its own settings.
 
 Every function is pure (no I/O besides importing the training package's config module) and is
 unit-tested in tests/test_role_filters.py, tests/test_bad_input_preflight.py and
@@ -81,49 +82,6 @@ def is_ipv4(address) -> bool:
     except ValueError:
         return False
     return True
-
-
-def spec_options(specs: dict) -> dict:
-    """The options of several roles' ``meta/argument_specs.yml`` (entry point ``main``), merged,
-    for ``ansible.builtin.validate_argument_spec`` on values that are already set.
-
-    ``specs``: ``{role: parsed argument_specs.yml}``. Defaults, ``required`` and descriptions are
-    dropped (defaults are the roles' own business and may be unrendered templates; a variable
-    that is required where its role runs need not be set for every host); each option keeps its
-    type, elements, choices and sub-options. Raises KeyError when a spec has no ``main`` entry.
-    """
-    def strip(option: dict) -> dict:
-        out = {k: v for k, v in option.items()
-               if k not in ("default", "description", "version_added", "required")}
-        if isinstance(out.get("options"), dict):
-            out["options"] = {name: strip(sub) for name, sub in out["options"].items()}
-        return out
-
-    merged: dict = {}
-    for _role, spec in specs.items():
-        for name, option in (spec["argument_specs"]["main"].get("options") or {}).items():
-            merged[name] = strip(option)
-    return merged
-
-
-def spec_owners(specs: dict) -> dict[str, str]:
-    """``{variable: role}`` for every option of the given roles' ``main`` argument specs."""
-    return {name: role for role, spec in specs.items()
-            for name in (spec["argument_specs"]["main"].get("options") or {})}
-
-
-def train_config_error(values: dict) -> str:
-    """The training program's verdict on a run configuration: ``""`` when valid, else its message.
-
-    ``values``: the run.json keys ddp-lab sets (``ddplab.config.TrainConfig`` fields). The
-    controller-side twin of ``python -m ddplab.train --check``: the same ``build_config`` decides,
-    before any node is touched. Needs no torch.
-    """
-    try:
-        ddplab_config.build_config(json_values=dict(values))
-    except ddplab_config.ConfigError as exc:
-        return str(exc)
-    return ""
 
 
 # The playbook variables that give run.json keys (roles/ddp_job/vars/main.yml __ddp_job_config);
@@ -357,40 +315,6 @@ def check_table(results: list, title: str) -> str:
     return "\n".join([f"== {title} =="] + [line.rstrip() for line in console.file.getvalue().splitlines()])
 
 
-def range_problems(values: dict, rules: list, skip: list | None = None) -> list[str]:
-    """Range violations, one text each: ``"ddp_job_stop_timeout_s = 0 must be > 0"``.
-
-    ``values``: ``{name: value}``; ``rules``: ``[{name, min?, above?, max?, why?}]`` (``min``/``max``
-    inclusive, ``above`` exclusive, ``why`` appended in parentheses); names missing from ``values``
-    or listed in ``skip`` (e.g. those that already failed their type check) are left out. A value
-    that is not a number is reported as such.
-    """
-    out = []
-    for rule in rules:
-        name = rule["name"]
-        if name not in values or name in (skip or []) or values[name] is None:
-            continue
-        value = values[name]
-        try:
-            if isinstance(value, bool):
-                raise ValueError
-            number = float(value)
-        except (TypeError, ValueError):
-            out.append(f"{name} = {value!r} is not a number")
-            continue
-        limits = []
-        if "min" in rule:
-            limits.append((number >= rule["min"], f">= {rule['min']}"))
-        if "above" in rule:
-            limits.append((number > rule["above"], f"> {rule['above']}"))
-        if "max" in rule:
-            limits.append((number <= rule["max"], f"<= {rule['max']}"))
-        if not all(ok for ok, _ in limits):
-            why = f" ({rule['why']})" if rule.get("why") else ""
-            out.append(f"{name} = {value} must be {' and '.join(text for _, text in limits)}{why}")
-    return out
-
-
 def path_chain(path: str) -> list[str]:
     """``/var/lib/ddp-lab`` -> ``["/var/lib/ddp-lab", "/var/lib", "/var", "/"]`` (absolute paths)."""
     current = Path(str(path))
@@ -419,22 +343,27 @@ def odd_ones(values: dict, prefer=None) -> dict:
     return {"reference": reference, "odd": [h for h, v in values.items() if v is not None and v != reference]}
 
 
+# The role's rules for its own settings (module_utils/settings.py).
+SETTINGS = [{"name": "validate_clock_max_skew_s", "above": 0},
+            {"name": "validate_min_free_disk_mb", "min": 0},
+            {"name": "validate_dpkg_lock_wait_s", "min": 0},
+            {"name": "validate_dpkg_lock_poll_s", "above": 0},
+            {"name": "validate_port_timeout_s", "above": 0}]
+
+
 class FilterModule:
     """Ansible filter plugin entry point."""
 
     def filters(self) -> dict:
         return {
             "connection_targets": connection_targets,
-            "validate_is_loopback": is_loopback,
             "validate_is_ipv4": is_ipv4,
-            "validate_spec_options": spec_options,
             "validate_route": route_info,
             "validate_lock_holders": lock_holders,
             "validate_clock": clock_offset,
             "validate_table": check_table,
             "validate_proc_cmdline": proc_cmdline,
             "validate_proc_ppid": proc_ppid,
-            "validate_odd_ones": odd_ones,
             "validate_path_chain": path_chain,
             "validate_resume_plan": resume_plan,
         }

@@ -45,6 +45,11 @@ def rtt_table(matrix: dict, count: int = 3) -> list[str]:
     return [title] + [line.rstrip() for line in console.file.getvalue().splitlines() if line.strip()]
 
 
+# The role's rules for its settings (module_utils/settings.py).
+SETTINGS = [{"name": "wired_network_min_speed_mbps", "min": 0},
+            {"name": "wired_network_ping_count", "min": 1}]
+
+
 class FilterModule:
     """Ansible filter plugin entry point."""
 
