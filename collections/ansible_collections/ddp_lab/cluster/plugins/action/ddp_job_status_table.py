@@ -1,27 +1,19 @@
 """Action plugin ``ddp_job_status_table``: the cluster's state as one table (``status.yml``).
 
-Runs on the controller, once. Takes what ``node_status`` (mode once) read on every trainer
-and the rendezvous store's ``python -m ddplab.controller.rdzv_store status`` document, prints one
-row per laptop (agent state, run id, step / max steps, train and val loss, world size, rank,
-tokens/s, restarts, seconds since the last step, last failure) under a heading that names the run
-and its recovery engine (one line per node at the default width; a last failure too long for its
-cell is printed whole under the table, ``<node>: <reason>``), then the store's line and (per_step
-engine, or when it runs) the torchft lighthouse's, and fails (one line) when a node is unreachable,
-its state could not be read, or its job failed. A node whose agent stop.yml stopped (it is named
-in the run's ``kind: stop`` event, the ``ddp_job_stop_event`` filter: the one home the watch and
-collect read too) reads ``stopped``, not failed, and is well.
+Runs on the controller, once. Prints one row per laptop (:func:`row_of`) under a heading naming
+the run and its engine, each last failure too long for its cell whole under the table, then the
+rendezvous store's line and (under a lighthouse engine, or when it runs) the torchft lighthouse's,
+then where their state was read (:func:`where_lines`). Fails (one line) when a node's state is
+one of :data:`ddplab.runstate.BAD_STATES`.
 
-Options: ``nodes`` (inventory name -> the registered ``node_status`` result; a skipped or
-missing result means no run to look at), ``store`` (the store document, {} when not read),
-``lighthouse`` (``python -m ddplab.controller.lighthouse status``, {} when not read), ``run_id``
-(the run looked at, for the heading), ``width`` (columns of the table, default 160), ``stop``
-(the run's stop event, ``ddp_job_stop_event`` of its events.jsonl; {} when it was not stopped),
-``state_dir`` (the folder the store's and lighthouse's state was read in: said under the table,
-with a line for each service the run's launch recorded elsewhere: :func:`where_lines`).
+Options: ``nodes`` (inventory name -> its ``node_status`` result, mode once; skipped or missing:
+no run to look at), ``store`` / ``lighthouse`` (``python -m ddplab.controller.<rdzv_store|lighthouse>
+status`` documents, {} when not read), ``run_id`` (the run looked at), ``width`` (columns,
+default 160), ``stop`` (the run's stop event, filter ``ddp_job_stop_event``; {} when not stopped),
+``state_dir`` (the folder the services' state was read in).
 
-Returns ``rows`` (one dict per node: see :func:`row_of`), ``store_line``, ``lighthouse_line``
-("" when not shown), ``engine``, ``bad`` (the nodes that make it fail: then only ``msg``, one
-line) and ``table`` (the text printed).
+Returns ``rows``, ``store_line``, ``lighthouse_line`` ("" when not shown), ``engine``, ``bad`` and
+``table`` (the text printed); when it fails, only ``msg``.
 """
 
 from __future__ import annotations
@@ -64,16 +56,12 @@ def _f(v: Any, spec: str) -> str:
 
 def row_of(host: str, res: Mapping[str, Any] | None, stop: Mapping[str, Any] | None = None,
            state: str | None = None) -> dict[str, Any]:
-    """One table row from a node's ``node_status`` result (mode once), in state ``state`` (default
-    :func:`ddplab.runstate.node_state`; :func:`rows_of` gives every node's, ``cut_off`` too).
+    """One table row from a node's ``node_status`` result (None or skipped: ``no job``) in state
+    ``state`` (default :func:`ddplab.runstate.node_state` with the run's ``stop`` event).
 
-    ``res`` None or skipped: no run to look at (``no job``). ``stop``: the run's stop event (the
-    ``ddp_job_stop_event`` filter's result): a failed node it names, or an absent one (its unit
-    dropped), was stopped by stop.yml (the SIGTERM ended its agent), as the watch (tasks/watch.yml)
-    and collect label it. Returns ``{node,
-    agent, run, step, loss, val, ws, rank, tok/s, restarts, last step s, last failure, engine}``,
-    all strings (``engine``: the node's recovery engine, "" when unknown); ``agent`` is the state's
-    word (:data:`ddplab.runstate.WORDS`).
+    Returns ``{node, agent, run, step, loss, val, ws, rank, tok/s, restarts, last step s, last
+    failure, engine}``, all strings: ``agent`` the state's word (:data:`ddplab.runstate.WORDS`),
+    ``engine`` the node's recovery engine ("" when unknown).
     """
     res = res or {}
     state = state or node_state(res, host, stop)
@@ -84,9 +72,7 @@ def row_of(host: str, res: Mapping[str, Any] | None, stop: Mapping[str, Any] | N
     if state == "failed" and not failure:  # ended without a failure record (killed, OOM, ...)
         unit = res.get("unit") or {}
         failure = f"agent unit {unit.get('Result', '?')}, exit status {unit.get('ExecMainStatus', '?')}"
-    if state in ("unreachable", "error"):
-        # the cause is at the end of a connection error ("... reached over ssh: ssh: connect to host
-        # 10.89.0.14 port 22: No route to host"): keep that part
+    if state in ("unreachable", "error"):  # keep the cause after "... reached over ssh: "
         failure = str(res.get("error") or res.get("msg") or state).strip().splitlines()[0]
         failure = failure.rsplit("reached over ssh: ", 1)[-1]
     total = p.get("max_steps") or "?"
@@ -113,10 +99,8 @@ def row_of(host: str, res: Mapping[str, Any] | None, stop: Mapping[str, Any] | N
 def service_line(label: str, doc: Mapping[str, Any], more: str = "") -> str:
     """A supervised controller service (``ddplab.controller.supervisor`` status document) in one
     line, e.g. ``rendezvous store: running on port 29400 at 10.89.0.1 (answering, supervisor pid
-    123, restarts 0, serving run R)`` or ``rendezvous store: stopped (port 29400)``; ``serving run``
-    when the run is known (``run_id``: :func:`with_served_run`); ``more`` is appended inside the
-    brackets of a running one, then the ``note`` of one found by its port (no pidfile: whose it
-    is); a port another program (or checkout) holds reads ``not running; port P is held by ...``."""
+    123, restarts 0, serving run R)``, ``... stopped (port 29400)`` or ``... not running; port P is
+    held by ...``; ``more`` goes inside the brackets of a running one, before its ``note``."""
     if not doc:
         return f"{label}: not read"
     port = doc.get("port", "?")
@@ -129,7 +113,6 @@ def service_line(label: str, doc: Mapping[str, Any], more: str = "") -> str:
     answer = "answering" if doc.get("answering") else "NOT answering"
     restarts = "?" if doc.get("restarts") is None else doc["restarts"]
     run = f", serving run {doc['run_id']}" if doc.get("run_id") else ""
-    # found by its port, not by a pidfile: whose it is (ddplab.controller.supervisor.holder_text)
     found = f"; {doc['note']}" if doc.get("note") else ""
     return (f"{label}: running on port {port} at {doc.get('host', '?')} ({answer}, "
             f"supervisor pid {doc.get('supervisor_pid') or '-'}, restarts {restarts}{run}{more}{found})")
@@ -137,11 +120,9 @@ def service_line(label: str, doc: Mapping[str, Any], more: str = "") -> str:
 
 def with_served_run(doc: Mapping[str, Any], nodes: Mapping[str, Any], key: str, run_id: str = ""
                     ) -> dict[str, Any]:
-    """``doc`` (a running service's status document) with the run it serves: its run record's
-    (``run_id``, ddplab.controller.supervisor.served_run), else ``run_id`` (the run looked at) when
-    a trainer runs it with its agents pointed at the service's port (ddplab.status ``endpoints``
-    ``key``: ``store`` or ``lighthouse``, as the launch that started them recorded it). Unchanged
-    when neither tells."""
+    """``doc`` (a running service's status document) with the run it serves: its own ``run_id``,
+    else ``run_id`` (the run looked at) when a node runs it with its agents pointed at the service's
+    port (ddplab.status ``endpoints[key]``, ``key`` store or lighthouse)."""
     if not doc.get("running") or doc.get("run_id") or not run_id:
         return dict(doc)
     port = doc.get("port")
@@ -153,16 +134,14 @@ def with_served_run(doc: Mapping[str, Any], nodes: Mapping[str, Any], key: str, 
 
 
 def store_line(store: Mapping[str, Any], owner: str = "") -> str:
-    """The rendezvous store in one line (:func:`service_line`); ``owner`` (:func:`services_owner`)
-    says whose it is after the label."""
+    """The rendezvous store in one line (:func:`service_line`), ``owner`` after the label."""
     return service_line("rendezvous store" + (f" ({owner})" if owner else ""), store)
 
 
 def lighthouse_line(lighthouse: Mapping[str, Any], owner: str = "") -> str:
-    """The torchft lighthouse in one line (:func:`service_line`), with the quorum when it answers:
-    ``, quorum id 4, participants laptop-a, laptop-b``. A participant is named by its replica id
-    without the ``:<uuid>`` torchft's Manager appends to it (the node's name). ``owner``: as for
-    :func:`store_line`."""
+    """The torchft lighthouse in one line (:func:`service_line`), ``owner`` after the label, with
+    the quorum when it has one (``quorum id 4, participants laptop-a, laptop-b``: replica ids
+    without torchft's ``:<uuid>``)."""
     more = ""
     if lighthouse.get("quorum_id") is not None:
         names = [str(p.get("replica_id")).split(":", 1)[0] for p in lighthouse.get("participants") or []]
@@ -170,43 +149,43 @@ def lighthouse_line(lighthouse: Mapping[str, Any], owner: str = "") -> str:
     return service_line("torchft lighthouse" + (f" ({owner})" if owner else ""), lighthouse, more)
 
 
+def _other_runs(nodes: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Run -> the hosts whose agent unit belongs to it when that is not the run looked at
+    (ddplab.status ``unit_holds_run`` False, ``current_run``)."""
+    others: dict[str, list[str]] = {}
+    for host, res in nodes.items():
+        if (res or {}).get("unit_holds_run") is False:
+            others.setdefault(str(res.get("current_run") or "another run"), []).append(host)
+    return dict(sorted(others.items()))
+
+
 def services_owner(nodes: Mapping[str, Any], run_id: str = "") -> str:
     """Whose store and lighthouse the lines show when the run looked at is not the laptops'
-    current job (``status.yml -e run_id=<older run>``: an agent unit belongs to another run,
-    ddplab.status ``unit_holds_run`` False; the controller keeps one store and one lighthouse, the
-    current job's): ``the laptops' current job's, run R2; not run R1's``. "" otherwise."""
-    current = sorted({str((r or {}).get("current_run") or "another run") for r in nodes.values()
-                      if (r or {}).get("unit_holds_run") is False})
+    current job: ``the laptops' current job's, run R2; not run R1's``; "" otherwise."""
+    current = _other_runs(nodes)
     if not current:
         return ""
     return f"the laptops' current job's, run {', '.join(current)}; not run {run_id or '?'}'s"
 
 
 def engine_of(rows: Sequence[Mapping[str, str]]) -> str:
-    """The recovery engine the nodes report (``torchelastic``, ``per_step``; several joined by
-    ``/``; "" when no node has started)."""
+    """The recovery engine(s) the nodes report, joined by ``/``; "" when no node has started."""
     return "/".join(sorted({r.get("engine", "") for r in rows} - {""}))
 
 
 def lighthouse_engine(engine: str) -> bool:
-    """Whether the nodes' engine(s) (:func:`engine_of`, several joined by ``/``) include one under
-    the torchft lighthouse (per_step, diloco), which uses no controller store."""
+    """Whether :func:`engine_of` names an engine under the torchft lighthouse (no controller store)."""
     return any(replica_groups(name) for name in engine.split("/"))
 
 
 def render(rows: Sequence[Mapping[str, str]], store: Mapping[str, Any], run_id: str = "",
            width: int = 160, lighthouse: Mapping[str, Any] | None = None, owner: str = "") -> str:
-    """The table (``rich``, plain text without colour codes; one line per node) under a heading
-    naming the run and its engine, then ``<node>: <last failure>`` whole for every node whose
-    failure was too long for its cell, the store's line below it (per_step: only when a store runs)
-    and the lighthouse's when the engine is per_step or it runs; ``owner`` (:func:`services_owner`)
-    says in both lines whose they are when the run is not the laptops' current job."""
+    """The table as plain text (``rich``, one line per node; see the module docstring); ``owner``
+    (:func:`services_owner`) goes in the services' lines."""
     engine = engine_of(rows)
     title = (f"run {run_id}" if run_id else "no run") + (f" (engine {engine})" if engine else "")
     table = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left", pad_edge=False)
-    # one line per node where the width allows: the failure's cell gets what the other columns
-    # leave (3 characters between columns, 2 at the edges) and cuts; a cut failure is printed whole
-    # below the table
+    # the failure's cell gets what the other columns leave (3 characters between, 2 at the edges)
     others = sum(max([len(c), *(len(str(r[c])) for r in rows)]) + 3 for c in COLUMNS[:-1])
     for c in COLUMNS:
         last = c == "last failure"
@@ -239,11 +218,9 @@ def _port(endpoint: str) -> int | None:
 
 def where_lines(nodes: Mapping[str, Any], store: Mapping[str, Any], lighthouse: Mapping[str, Any],
                 state_dir: str = "", run_id: str = "") -> list[str]:
-    """Where the store's and lighthouse's state was read (the supervisor's state folder on this
-    controller, ``state_dir``), and a line for each service the run's launch recorded elsewhere
-    (ddplab.status ``endpoints``: the lighthouse of its run.json, the store of its agent's command
-    line) or that the folder says is not running while the run runs: it was started with other
-    settings or from another checkout, whose folder holds its state."""
+    """Where the services' state was read (``state_dir``), and a line with the fix for each service
+    the run's launch recorded on another port (ddplab.status ``endpoints``) or that ``state_dir``
+    says is not running while the run runs (started from another checkout)."""
     lines = [f"store and lighthouse state read in {state_dir or '?'} on this controller"]
     running = any(node_state(r, h) == "running" for h, r in nodes.items())
     for key, label, doc, var in (("store", "store", store, "rendezvous_port"),
@@ -263,24 +240,19 @@ def where_lines(nodes: Mapping[str, Any], store: Mapping[str, Any], lighthouse: 
 
 
 def other_run_note(nodes: Mapping[str, Any], run_id: str = "") -> str:
-    """One line when the run looked at is not the one the laptops' agent units belong to (an
-    older run: ``status.yml -e run_id=<older run>``), naming the run each of those laptops runs
-    (ddplab.status ``current_run``); "" otherwise."""
-    others: dict[str, list[str]] = {}
-    for host, res in nodes.items():
-        if (res or {}).get("unit_holds_run") is False:
-            others.setdefault(str(res.get("current_run") or "another run"), []).append(host)
+    """One line when the run looked at is not the one the laptops' agent units belong to, naming
+    the run each of those laptops runs; "" otherwise."""
+    others = _other_runs(nodes)
     if not others:
         return ""
-    where = "; ".join(f"{', '.join(hosts)}: run {run}" for run, hosts in sorted(others.items()))
+    where = "; ".join(f"{', '.join(hosts)}: run {run}" for run, hosts in others.items())
     return (f"run {run_id or '?'} is not the laptops' current job (their agent unit belongs to {where}): "
             "its rows are read from its own records (ended, failed, interrupted, stopped)")
 
 
 def rows_of(nodes: Mapping[str, Any], stop: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-    """The table's rows (:func:`row_of`) of ``nodes`` (host -> ``node_status`` result), each in its
-    state by :func:`ddplab.runstate.node_states`: a per_step replica cut off from a group that
-    finished the run reads ``cut off`` (well), as kill-node.yml names it."""
+    """The table's rows (:func:`row_of`) of ``nodes``, each in its state by
+    :func:`ddplab.runstate.node_states` (which also knows ``cut_off``)."""
     return [row_of(h, nodes[h], stop, s) for h, s in node_states(nodes, stop).items()]
 
 

@@ -1,16 +1,12 @@
-"""Action plugin ``ddp_lab_await``: wait for an async task (``async: N``, ``poll: 0``) on the node and
-print a progress line every ``interval_s`` seconds while it runs.
+"""Action plugin ``ddp_lab_await``: wait for an async task (``async: N``, ``poll: 0``) on the node,
+printing a progress line (:func:`progress_line`) every ``interval_s`` while it runs.
 
-Ansible's own ``until: job.finished`` loop prints "FAILED - RETRYING ... (N retries left)", which
-says neither what runs nor how far it is. This plugin polls ``ansible.builtin.async_status`` and
-prints, e.g. ``laptop-a    installing torch, numpy, psutil into /opt/ddp-lab/venv: 2 of 3 in place
-(numpy, psutil) after 20 s``. "In place" is measured on the node: how many of ``probe_patterns``
-(shell globs, e.g. ``torch-2.13.0*.dist-info``) match an entry of the folder ``probe_path``, read
-with ``ansible.builtin.find``.
+Polls ``ansible.builtin.async_status`` of ``jid``; ``what`` names the work in the line. With
+``probe_path`` and ``probe_patterns`` (shell globs) the line also counts the patterns that match
+an entry of the node's folder ``probe_path`` (``ansible.builtin.find``).
 
-Returns the finished job's result (``changed``, ``failed``, ``rc``, ``stdout``, ``msg`` ... as the
-module gave them) plus ``elapsed_s`` and ``polls``; fails with a one-line message after
-``timeout_s`` (the job keeps running on the node: its id is in the message).
+Returns the finished job's result (as its module gave it) plus ``elapsed_s`` and ``polls``, and
+removes the job's results file; fails in one line after ``timeout_s`` (the job keeps running).
 """
 
 from __future__ import annotations
@@ -40,7 +36,8 @@ def in_place(patterns: list[str], names: list[str]) -> list[str]:
 
 
 def progress_line(host: str, what: str, elapsed_s: float, done: list[str] | None, total: int) -> str:
-    """``<host>  <what>: <k> of <n> in place (<names>) after <s> s`` (without the count when nothing
+    """``<host>  <what>: <k> of <n> in place (<names>) after <s> s``, e.g. ``laptop-a    installing
+    torch, numpy into /opt/ddp-lab/venv: 1 of 2 in place (numpy) after 20 s`` (no count when nothing
     is probed)."""
     how_far = ""
     if done is not None and total:
@@ -56,9 +53,7 @@ class ActionModule(ActionBase):
     _requires_connection = True
 
     def _status(self, jid: str, task_vars: dict, mode: str = "status") -> dict:
-        """async_status of job ``jid`` on the node; ``mode: cleanup`` removes the job's results
-        file (nothing of the job is left on the node)."""
-        # the job's folder on the node, as the async_status action gives it to its module
+        """async_status of job ``jid`` on the node (``mode: cleanup`` removes its results file)."""
         async_dir = self._remote_expand_user(self.get_shell_option("async_dir", default="~/.ansible_async"))
         res = self._execute_module(module_name="ansible.legacy.async_status",
                                    module_args={"jid": jid, "mode": mode, "_async_dir": async_dir},

@@ -1,33 +1,23 @@
 """Action plugin ``node_status``: the one poller of a node's job, ``python -m ddplab.status --json``.
 
-Runs on the controller, for one node (in parallel over the play's hosts, like any task), as the
-training user (become), and returns ddplab.status's document: ``state`` (the agent unit's:
-:data:`ddplab.runstate.JOB_STATES`), ``run_state``, ``unit_holds_run``, ``current_run``, ``unit``,
-``agent`` (``{state, substate, running, pid}``), ``progress``, ``line``, ``workers`` (the newest
-record of each worker, ``node`` set to ``label``), ``records``, ``skipped_lines``, ``run_dir``,
-``endpoints``; and its own: ``error`` (a read's one-line reason, else None), ``polls``,
-``elapsed_s``, ``stop_cause`` (``progress.stop_cause``). Modes:
+Runs on the controller for one node, as the training user (become). Returns ddplab.status's
+document (``state``: :data:`ddplab.runstate.JOB_STATES`, ``run_state``, ``unit_holds_run``,
+``current_run``, ``unit``, ``agent``, ``progress``, ``line``, ``workers`` with ``node`` set to
+``label``, ``records``, ``skipped_lines``, ``run_dir``, ``endpoints``) plus ``error`` (a read's one-line
+reason, else None), ``polls``, ``elapsed_s`` and ``stop_cause`` (``progress.stop_cause``). Modes:
 
-- ``once`` (status.yml, logs.yml, attach.yml, stop.yml, the fault role's plan): one read, nothing
-  printed; a node that cannot be reached is ``state: unreachable``, a node whose ddplab.status
-  fails ``state: error`` (its unit then read from systemd: ``UNIT_PROPS``), never a failed task.
-  With ``probe_timeout_s`` > 0 and a plain ssh connection (no ProxyJump/ProxyCommand in what
-  ``ssh -G`` resolves) the SSH port is first probed from the controller: a node that does not
-  answer within that time is unreachable without an ssh attempt (which would wait for ssh's
-  ConnectTimeout, or for ServerAlive to end a ControlPersist master whose node was powered off).
-- ``watch`` (site.yml's train phase, attach.yml): a read every ``interval_s``, the node's progress
-  line printed at once, until the agent no longer runs (``state`` its end: succeeded | failed |
-  absent), ``max_errors`` reads in a row failed (``unreachable``) or ``timeout_s`` passed
-  (``timeout``). Never fails on the job's outcome: the role decides. Live report
-  (``report_dir``: the run's folder on the controller): each read also brings the metrics lines
-  written since the last one (``--chunks-from``), appended under ``<report_dir>/.watch/<label>/
-  metrics/``; every interval one of the trainers' watches (a file lock decides) rewrites
-  ``<report_dir>/report.html`` from those copies in the background (``python -m
-  ddplab.controller.report --metrics .watch --live``), and waits for its build before it returns.
-- ``until`` (the fault role's wait): the fault injected at ``since`` (``fault``, ``node``,
-  ``duration_s``) measured from this node's records (``--since``) every ``interval_s`` until its
-  ``phase`` is no longer ``waiting`` or ``timeout_s`` passed: also ``phase``, ``measure`` (a
-  summary.json ``faults`` entry) and ``timed_out``. A read that fails fails the task (one line).
+- ``once``: one read, nothing printed, never a failed task: a node that cannot be reached is
+  ``state: unreachable``, one whose ddplab.status fails ``state: error`` (its unit then read from
+  systemd: ``UNIT_PROPS``). ``probe_timeout_s`` > 0 with a plain ssh connection: the SSH port is
+  probed first (:meth:`ActionModule._probe`); no answer in that time is unreachable.
+- ``watch``: a read every ``interval_s``, the progress line printed, until the agent no longer runs
+  (``state`` its end), ``max_errors`` reads in a row failed (``unreachable``) or ``timeout_s``
+  passed (``timeout``). ``report_dir`` (the run's folder on the controller): the live report
+  (:class:`LiveReport`). Never fails on the job's outcome.
+- ``until``: the fault injected at ``since`` (``fault``, ``node``, ``duration_s``) measured from this
+  node's records every ``interval_s`` until its ``phase`` is no longer ``waiting`` or ``timeout_s``
+  passed: also ``phase``, ``measure`` (a summary.json ``faults`` entry), ``timed_out``, ``waited_s``.
+  A read that fails fails the task (one line).
 """
 
 from __future__ import annotations
@@ -74,11 +64,12 @@ REPORT_WAIT_S = 120.0  # how long a returning watch waits for its live report bu
 
 
 class LiveReport:
-    """The controller's copy of one node's metrics, and the live report built from all copies.
+    """The controller's copy of one node's metrics (``<run_dir>/.watch/<host>/metrics/``, fed by
+    ``ddplab.status --chunks-from``) and the live report ``<run_dir>/report.html`` built from all
+    copies in the background by one watch at a time (a file lock).
 
-    ``run_dir``: the run's folder on the controller; ``host``: the node's folder name in it;
-    ``python`` / ``pythonpath``: the interpreter and PYTHONPATH that run ``ddplab.controller.report``;
-    ``interval_s``: at most one build per interval (and the page's reload interval).
+    ``python`` / ``pythonpath``: what runs ``ddplab.controller.report``; ``interval_s``: at most one
+    build per interval (and the page's reload interval).
     """
 
     def __init__(self, run_dir: str, host: str, python: str, pythonpath: str, interval_s: float):
@@ -184,10 +175,8 @@ class ActionModule(ActionBase):
         return argv
 
     def _poll(self, args: dict, live: LiveReport | None = None) -> dict:
-        """One ddplab.status document from the node; AnsibleActionFail (one line) when it cannot run."""
-        # The command itself over the connection (as the become user), not the command module: no
-        # module payload to ship and start in a second Python on the node. Measured on molecule
-        # containers at load ~9: 1.8 s vs 5.3 s for `ansible -m raw|command` on 3 nodes.
+        """One ddplab.status document from the node, run over the connection (no module payload);
+        AnsibleActionFail (one line) when it cannot run."""
         res = self._low_level_execute_command(shlex.join(self._argv(args, live)), sudoable=True)
         if res.get("rc") == 127:  # the shell's "not found"
             raise AnsibleActionFail("progress command failed: the venv's python is not there (exit 127; "
@@ -213,13 +202,10 @@ class ActionModule(ActionBase):
         if args["mode"] == "until" and args["since"] is None:
             raise AnsibleActionFail("node_status: mode until needs since (the injection's unix time)")
         start = time.monotonic()
-        doc, extra = {"state": "error"}, {}
         if args["mode"] == "once":
             doc, extra = self._once(args, task_vars)
-        elif args["mode"] == "watch":
-            doc, extra = self._watch(args, start)
         else:
-            doc, extra = self._until(args, start)
+            doc, extra = (self._watch if args["mode"] == "watch" else self._until)(args, start)
         progress = doc.get("progress") or {}
         known = ("run_state", "unit_holds_run", "current_run", "run_dir")  # None: not known (not read)
         result.update({key: doc.get(key) for key in known})
@@ -298,10 +284,8 @@ class ActionModule(ActionBase):
             live.shown.add(live.error)  # printed once
 
     def _unit_from_systemd(self, unit: str, task_vars: dict) -> dict:
-        """The agent unit's ``systemctl show`` properties (``ddplab.status.UNIT_PROPS``) read by
-        ansible.builtin.systemd_service (no state: a read) when ``ddplab.status`` cannot run on
-        the node (the node runtime not installed yet, or broken): a running agent is still seen,
-        so stop.yml and reset.yml stop it. ``{}`` when systemd cannot be asked either."""
+        """The agent unit's ``UNIT_PROPS`` read by ansible.builtin.systemd_service (no state: a read),
+        for a node whose ``ddplab.status`` cannot run; ``{}`` when systemd cannot be asked either."""
         res = self._execute_module(
             module_name="ansible.builtin.systemd_service", module_args={"name": unit}, task_vars=task_vars
         )
@@ -345,12 +329,6 @@ class ActionModule(ActionBase):
             return f"ssh port {endpoint[1]} of {endpoint[0]} does not answer within {timeout_s:g} s: {why}"
         return None
 
-    def _become_problem(self, text: str) -> str:
-        """One line when the read failed because become needs a password (module_utils/become.py:
-        the rule's one home, shared with validate's ``become`` check); "" else."""
-        return become_problem(getattr(self._connection, "become", None), text,
-                              self._play_context.remote_user)
-
     def _once(self, args: dict, task_vars: dict) -> tuple[dict, dict]:
         """One read of the node's state (see the module docstring: ``once``)."""
         try:
@@ -365,7 +343,8 @@ class ActionModule(ActionBase):
         except Exception as exc:  # noqa: BLE001 - reported in the node's row, not a crash
             error = first_line(exc, 1000)
             state = "unreachable" if "unreachable" in error.lower() else "error"
-            become = self._become_problem(str(exc))
+            become = become_problem(getattr(self._connection, "become", None), str(exc),
+                                    self._play_context.remote_user)
             if become or state == "unreachable":  # become: systemd's view would fail the same way
                 return {"state": state}, {"polls": 1, "error": become or error}
             # the node answers, ddplab.status does not: systemd still knows the unit

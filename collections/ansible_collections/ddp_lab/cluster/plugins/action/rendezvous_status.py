@@ -1,22 +1,17 @@
 """Action plugin ``rendezvous_status``: the supervised services' state on the controller.
 
 Reads ``python -m ddplab.controller.<module> status --port P --state-dir D`` of every service given
-(the c10d store ``rdzv_store``, the torchft ``lighthouse``) in the background, side by side, with
-no module payload: status.yml starts the reads (``started`` omitted), reads the trainers
-meanwhile (the store's ping imports torch: 1-8 s on a loaded controller), then collects them
-(``started``: the registered result of the start). Each read runs under a small wrapper that
-writes ``{rc, stdout, stderr}`` to a file in a fresh temporary folder and renames it into place,
-so a collect never sees half a result; the collect removes the folder.
+in the background, so that status.yml reads the trainers meanwhile: a task without ``started``
+starts the reads, a task with it (the start's registered result) collects them.
 
-Options: ``python`` (interpreter), ``pythonpath`` (the checkout's ``train`` folder), ``state_dir``
-(the supervisor's state folder), ``services`` (fact name -> ``{module, port}``), ``started`` (the
-start's result; given, the task collects), ``timeout_s`` (how long a collect waits, default 60).
+Options: ``python``, ``pythonpath`` (the checkout's ``train`` folder), ``state_dir`` (the
+supervisor's state folder), ``services`` (fact name -> ``{module, port}``), ``started``,
+``timeout_s`` (how long a collect waits, default 60).
 
 Start returns ``dir`` and ``reads`` (fact name -> result file). Collect returns ``ansible_facts``:
-each fact name -> the service's status document (``running``, ``answering``, ``port``, supervisor
-pid ...; the lighthouse's also quorum_id, participants). Exit status 0 (running and answering), 1
-(running, not answering) and 3 (not running) are answers; any other, a timeout or output that is
-not JSON fails the task in one line.
+fact name -> the service's status document. Exit status 0 (running and answering), 1 (running, not
+answering) and 3 (not running) are answers; any other, a timeout or output that is not a JSON
+object fails the task in one line.
 """
 
 from __future__ import annotations
@@ -75,7 +70,8 @@ def parse_status(name: str, rc: int, stdout: str, stderr: str) -> dict[str, Any]
 
 
 def start(python: str, pythonpath: str, state_dir: str, services: dict[str, Any]) -> dict[str, Any]:
-    """Start every read in the background; ``{dir, reads: {fact name: result file}}``."""
+    """Start every read in the background, each in its own session under :data:`WRAPPER` (its
+    result file appears whole); ``{dir: a fresh temporary folder, reads: {fact name: result file}}``."""
     env = dict(os.environ, PYTHONPATH=pythonpath) if pythonpath else None
     folder = tempfile.mkdtemp(prefix="ddp-lab-rdzv-status-")
     reads = {}
@@ -83,7 +79,6 @@ def start(python: str, pythonpath: str, state_dir: str, services: dict[str, Any]
         out = str(Path(folder) / f"{name}.json")
         argv = [sys.executable, "-c", WRAPPER, out,
                 *status_argv(python, svc["module"], svc["port"], state_dir)]
-        # its own session: the read outlives this task's worker process and is no child of it
         subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          env=env, start_new_session=True)
         reads[name] = out

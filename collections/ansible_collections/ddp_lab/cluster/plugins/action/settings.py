@@ -1,19 +1,17 @@
-"""Action plugin ``settings``: settings judged by their roles' own contracts (module_utils/settings.py:
-each role's argument spec and its ``SETTINGS`` rules), one line per problem.
+"""Action plugin ``settings``: settings judged by their roles' own contracts (module_utils/settings.py),
+one line per problem.
 
-Options: ``roles`` (whose settings; their specs are ``<roles_dir>/<role>/meta/argument_specs.yml``),
-``roles_dir`` (default: the folder of the calling role), ``trainers`` (how many the inventory has,
-for the checks that count them; 0: those are left out), ``mode``:
+Options: ``roles`` (whose settings; specs in ``<roles_dir>/<role>/meta/argument_specs.yml``),
+``roles_dir`` (default: the folder of the calling role), ``trainers`` (how many the inventory has;
+0: the checks that count them are left out), ``mode``:
 
-- ``host`` (default): this host's settings as it is given them (inventory, group_vars, -e), else
-  their roles' defaults: ``records`` (types, ranges, each check). ``fail: true`` (a role's preflight)
-  fails with every problem in one line instead.
-- ``given`` (validate's early check, on the controller, once, before any role starts): every -e
-  value once, the values of each host of ``hosts``: ``records`` (:func:`settings.given`). Which
-  came with -e is read from ansible-playbook's command line, the values from ``hostvars``.
+- ``host`` (default): this host's settings as given (inventory, group_vars, -e), else their roles'
+  defaults: ``records`` (types, ranges, each check); with ``fail: true`` every problem fails the
+  task in one line instead.
+- ``given``: every -e value (read from ansible-playbook's command line) once, and the values of each
+  host of ``hosts``: ``records`` (:func:`settings.given`).
 
-Both return ``defaults``: each setting's default by its role's spec, rendered here (None when it
-cannot be: a template of what only the role's own run knows).
+Both return ``defaults``: each setting's default by its role's spec, rendered (None when it cannot be).
 """
 
 from __future__ import annotations
@@ -35,9 +33,8 @@ _UNSET = object()
 
 
 def _value(found: Any, name: str) -> Any:
-    """``found[name]`` (``found``: ``hostvars[host]``) rendered for that host (a template -e value may
-    read the host's own facts), as plain data; :data:`_UNSET` when the host has no such variable or
-    cannot render it yet (e.g. a fact a later play sets): its own checks judge it where the role runs."""
+    """``found[name]`` (``found``: ``hostvars[host]``) rendered for that host, as plain data;
+    :data:`_UNSET` when the host has no such variable or cannot render it yet."""
     try:
         return json.loads(json.dumps(found[name])) if name in found else _UNSET
     except (AnsibleError, TypeError, ValueError):
@@ -60,8 +57,8 @@ class ActionModule(ActionBase):
     _requires_connection = False
 
     def _defaults(self, raw: dict[str, dict[str, Any]], roles_dir: Path, task_vars: dict) -> dict:
-        """Every role's spec defaults rendered as its own run would (its ``role_path``; the settings
-        given win over the defaults they template from)."""
+        """Every role's spec defaults rendered as its own run would (its ``role_path``; given settings
+        win over the defaults they template from)."""
         chained = {n: _trusted(v) for defaults in raw.values() for n, v in defaults.items()}
         out = {}
         for role, defaults in raw.items():
@@ -104,9 +101,8 @@ class ActionModule(ActionBase):
 
     def _given(self, options: dict, rules: list, defaults: dict, trainers: int, hv: Any,
                everywhere: list[str]) -> list[dict]:
-        """:func:`settings.given` of the -e values (parsed from ansible-playbook's command line,
-        ``load_extra_vars``) and of each host of ``everywhere``; a value each host renders its own
-        way is judged per host."""
+        """:func:`settings.given` of the -e values (``load_extra_vars``) and of each host of
+        ``everywhere``; a value each host renders its own way is judged per host."""
         names = sorted(set(options) | set(settings.run_ids.RUN_ID_VARS))
         hosts: dict[str, dict[str, Any]] = {h: {} for h in everywhere}
         extra: dict[str, Any] = {}

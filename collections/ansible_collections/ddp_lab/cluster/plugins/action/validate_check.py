@@ -1,27 +1,19 @@
-"""Action plugin ``validate_check``: every check only the validate role can make, each a record.
+"""Action plugin ``validate_check``: every check only the validate role can make, each a record
+``{check, status, detail}`` (``status`` ok | warn | fail | skip; ``detail`` one line, for a
+problem ``<host>: <cause>; fix: <what to do>``).
 
-A record is ``{check, status, detail}``: ``status`` is ok | warn | fail | skip, ``detail`` one line
-(for a problem: ``<host>: <cause>; fix: <what to do>``). The tasks only gather what a check reads
-and pass it (``checks:``, a list of ``{check, args, skip}``); each check is a function of this
-module named like the check, called ``check(host, **args)`` (see its docstring), except:
+Option ``checks``: a list of ``{check, args, skip}``; returns ``records`` in order (a check with
+``skip: true`` left out), or ``unreachable`` when a check needs the node and it does not answer.
+Each check is the function of this module named like it, called ``check(host, **args)`` (see its
+docstring), except:
 
-- ``versions``: ``pins`` (package -> pinned version: python_env's ``python_env_pinned``), ``prefix``,
-  ``provision``, ``key`` (the host var holding each host's venv versions, default
-  ``__validate_versions``): every play host's is compared, and each with the pins;
-- ``unique_address``/``unique_name``: ``key`` (default ``__validate_address``/``__validate_hostname``),
-  compared across the play's hosts;
+- ``versions``: ``pins``, ``prefix``, ``provision`` and ``key`` (the host var holding each host's
+  venv probe, default ``__validate_versions``): every play host's venv compared (:func:`versions`);
+- ``unique_address`` / ``unique_name``: ``key`` (default ``__validate_address`` /
+  ``__validate_hostname``), compared across the play's hosts;
 - ``reach``: ``what`` (store | lighthouse), ``address``, ``port``, ``timeout_s``: a TCP connection
   from the node (``ansible.builtin.wait_for`` run there);
-- ``become`` (no args; its task runs with ``become: true``): a module run with become and no
-  prompt; a password -K did not give is one line with the fix.
-
-Where they run: the inventory (trainers, rendezvous, rendezvous_address, unique_hosts,
-unique_names) and the controller (dataset, port) in tasks/inventory.yml, controller.yml and
-port.yml; the node (reachable, become, route, hosts_file, launch, gloo, interface, clock, disk,
-unique_address, unique_name, versions, dpkg_lock, reach) in tasks/node.yml, versions and reach also
-in tasks/job.yml (ddp_job's preflight). The tasks add ``records`` to the host's
-``__validate_results``, which ``tasks/verdict.yml`` reports. Each role's own settings are its own
-(action ``settings``).
+- ``become`` (no args; its task runs with ``become: true``): a module run with become, no prompt.
 """
 
 from __future__ import annotations
@@ -58,10 +50,8 @@ def _env_text(found: Mapping[str, Any], names: Sequence[str]) -> str:
 
 
 def venv_versions(found: Any) -> dict | None:
-    """``{python, <package>: version}`` of a venv probe: ``{python, packages: {name: version}}``
-    (validate's ``__validate_versions_probe``, ddp_job's preflight: every distribution of the venv)
-    or already flat (python_env_versions); names normalised as pip does (lower case, ``_`` -> ``-``).
-    None for no venv."""
+    """``{python, <package>: version}`` of a venv probe, ``{python, packages: {name: version}}`` or
+    already flat; names normalised as pip does (lower case, ``_`` -> ``-``). None for no venv."""
     if not isinstance(found, Mapping):
         return None
     packages = found.get("packages") if isinstance(found.get("packages"), Mapping) else {
@@ -72,13 +62,10 @@ def venv_versions(found: Any) -> dict | None:
 
 def versions(host: str, everyone: Mapping[str, Any], pins: Mapping[str, Any], prefix: str,
              provision: bool) -> dict:
-    """The same Python and every pinned package of the node venv on every trainer (mismatches hang
-    silently in the first collective, pytorch #174917, or train with other numerics), each as
-    pinned. ``everyone``: ``{host: {python, <package>: version | None, ...} | None}`` (a venv probe,
-    validate's ``__validate_versions_probe``); ``pins``: ``{package: pinned version}`` (python_env's
-    ``python_env_pinned``; a version '' or None is not compared). A difference between trainers
-    fails (warns when this run provisions, which reinstalls them); a package not as pinned fails
-    (warns when provisioning)."""
+    """The same Python and pinned packages in every trainer's venv, each as pinned (mismatches hang
+    in the first collective: pytorch #174917). ``everyone``: ``{host: venv_versions(probe) | None}``;
+    ``pins``: ``{package: version}`` ('' or None: not compared). A difference fails, or warns when
+    this run ``provision``s (which reinstalls them)."""
     mine = everyone.get(host)
     pins = {str(n).lower().replace("_", "-"): "" if v is None else str(v) for n, v in pins.items()}
     names = list(pins)
@@ -135,8 +122,8 @@ def route(host: str, target: str = "", rc: Any = -1, stderr: str = "", dev: Any 
 
 
 def clock(host: str, measured: Mapping[str, Any], max_skew_s: Any) -> dict:
-    """The node's clock against the controller's (``measured``: ``validate_clock``'s ``offset_s``,
-    ``uncertainty_s``, ``beyond_s``): at most ``max_skew_s`` beyond the reading's uncertainty."""
+    """The node's clock at most ``max_skew_s`` beyond the reading's uncertainty from the
+    controller's (``measured``: filter ``validate_clock``)."""
     offset = float(measured["offset_s"])
     problem = None if float(measured["beyond_s"]) <= float(max_skew_s) else (
         f"{host}: its clock is {abs(offset):.1f} s {'ahead of' if offset > 0 else 'behind'} the controller's"
@@ -149,11 +136,9 @@ def clock(host: str, measured: Mapping[str, Any], max_skew_s: Any) -> dict:
 
 def interface(host: str, ifname: Any, facts: Mapping[str, Any], route_dev: Any = None,
               address: Any = None) -> dict:
-    """``wired_network_ifname`` set in the inventory: an interface of the node (not a pattern, not
-    lo) whose IPv4 address is ``wired_network_address`` when that is set too (``address``; None
-    unset). ``facts``: the node's ``ansible_facts`` with the network subset."""
+    """``wired_network_ifname``: an interface of the node (``facts``: its ``ansible_facts`` with the
+    network subset), not a pattern, not lo, holding ``address`` (``wired_network_address``) if set."""
     ifname, ifaces = str(ifname), sorted((facts or {}).get("interfaces") or [])
-    # ansible-core's names: a VLAN's dot stays (module_utils/interfaces.py)
     listed = _interfaces.interface_list_name(ifname) in ifaces
     key = _interfaces.interface_fact_name(ifname)
     if_addr = ((facts.get(key) or {}).get("ipv4") or {}).get("address", "") if listed else ""
@@ -186,11 +171,8 @@ def df_avail(stdout: str) -> dict:
 
 
 def disk(host: str, df: str, path: str, min_free_mb: float) -> dict:
-    """Free space (MiB) on the filesystem that holds ``path`` (checkpoints) against ``min_free_mb``.
-
-    ``df``: ``df -P -B1`` of ``path`` and its parents (the first that exists answers). Not
-    ``ansible_facts.mounts``: it leaves out mounts whose device is no path, such as the overlay
-    root of a container, so a lab node would have no mount for the path."""
+    """Free space (MiB) on the filesystem that holds ``path`` (checkpoints) against ``min_free_mb``;
+    ``df``: ``df -P -B1`` of ``path`` and its parents (the first that exists answers)."""
     found = df_avail(df)
     avail, mount = found["avail_mb"], found["mount"]
     problem = None if avail >= float(min_free_mb) else (
@@ -230,12 +212,12 @@ PORTS = {
 def port(_host: str, what: str, rendezvous_host: str, address: str, port: Any, rc: Any,
          state: Mapping[str, Any] | None = None, stderr: str = "", held: Sequence[str] = (), holder: str = "",
          parent: str = "", state_dir: str = "") -> dict:
-    """The rendezvous host's ``port`` for the store (or the torchft lighthouse, ``what``): free, or
-    held by this inventory's running service. ``rc``: exit code of ``python -m <module> status`` (-1:
-    not run, the setting is no port number; 0 running and answering, 1 running but not answering, 3
-    not running), ``state`` its JSON; ``held``: addresses where something else accepts connections
-    on the port; ``holder``/``parent``: command lines of the holder and its parent process. Returns
-    the record plus ``up`` (this inventory's service runs there: the trainers' reach is checked then)."""
+    """The rendezvous host's ``port`` for the store or the lighthouse (``what``): free, or held by
+    this inventory's running service. ``rc``: exit code of ``python -m <module> status`` (-1: not
+    run, no port number; 0 answering, 1 not answering, 3 not running), ``state`` its JSON; ``held``:
+    addresses where something else accepts connections on the port; ``holder`` / ``parent``: the
+    command lines of the holder and its parent. Returns the record plus ``up`` (this inventory's
+    service runs there)."""
     check, setting, service, module = PORTS[what]
     kind, host, number, rc, state = service.split()[-1], rendezvous_host, port, int(rc), state or {}
     where = f"{host}: TCP port {number}"
@@ -282,8 +264,7 @@ LAPTOPS_EXAMPLE = "see inventory/laptops/hosts.yml"
 
 
 def trainers(host: str, trainers: Sequence[str], group: str, sources: str) -> dict:
-    """At least one host in the trainers group (``trainers``: its hosts; ``sources``: the
-    inventory files, for the message)."""
+    """At least one host in the trainers group (``sources``: the inventory files, for the message)."""
     problem = None if trainers else (
         f"inventory {sources}: no host in the group '{group}'; fix: list the laptops under"
         f" all.children.{group}.hosts ({LAPTOPS_EXAMPLE})")
@@ -343,9 +324,8 @@ SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def dataset(host: str, sha256: Any, src: str, cache: str, url: str, stat: Mapping[str, Any]) -> dict:
-    """The dataset on the controller: ``src`` (ddp_job_dataset_src; '' = the download cached at
-    ``cache``) exists, is a file and has ``sha256``; ``stat``: ``ansible.builtin.stat`` of that
-    file with ``checksum_algorithm: sha256``. A cache not filled yet is fine (the job downloads)."""
+    """The dataset on the controller: ``src`` (''; the download cached at ``cache``) is a file with
+    ``sha256`` (``stat``: its ``ansible.builtin.stat`` with sha256); a cache not filled yet is fine."""
     sha, src = str(sha256), str(src or "")
     path = src or cache
     exists, checksum = bool(stat.get("exists")), stat.get("checksum", "")
@@ -373,8 +353,8 @@ def dataset(host: str, sha256: Any, src: str, cache: str, url: str, stat: Mappin
 
 # ---- on the node (tasks/node.yml) -----------------------------------------------------------------
 def reachable(host: str, facts: Mapping[str, Any] | None, msg: str = "", lab: bool = False) -> dict:
-    """The node answered the fact gathering (``facts``: its ``ansible_facts``; None: it did not,
-    ``msg`` says why; a changed SSH host key in one line: module_utils.ssh; ``lab``: a lab node)."""
+    """The node answered the fact gathering (``facts``; None: it did not, ``msg`` says why;
+    ``lab``: a lab node, for the fix of a changed host key)."""
     changed = host_key_changed(msg, lab) if facts is None else ""
     if changed:
         return record("reachable", f"{host}: {changed}", "")
@@ -392,10 +372,9 @@ def _launch_words(launch: Mapping[str, Any]) -> str:
 
 def hosts_file(host: str, hostname: str, addresses: Sequence[str], route: Mapping[str, Any], target: str,
                port: Any, unit_show: str) -> dict:
-    """What the node's own hostname resolves to (``addresses``: getent hosts): loopback (Ubuntu's
-    '127.0.1.1 <hostname>' line) is a warning, not a problem, since every launch passes explicit
-    addresses (``route``: ``{dev, src}`` towards ``target``:``port``; ``unit_show``: ``systemctl
-    show`` of the agent unit, for what the last launch passed)."""
+    """What the node's own hostname resolves to (``addresses``: getent hosts): loopback is a
+    warning, naming the addresses the next launch passes (``route`` towards ``target``:``port``)
+    and whether the last one (``unit_show``: ``systemctl show`` of the agent unit) passed them."""
     loop = _filters.loopbacks(list(addresses))
     if not loop:
         found = ", ".join(addresses) or "nothing (not needed: ddp-lab passes addresses)"
@@ -425,12 +404,9 @@ def _routable(address: Any) -> bool:
 
 def launch(host: str, unit_show: str, run_id: str = "", stop: Mapping[str, Any] | None = None) -> dict:
     """The node's last agent launch (``unit_show``: ``systemctl show UNIT -p
-    LoadState,ExecStart,Environment``) passed explicit addresses: a routable --local-addr and
-    --rdzv-endpoint host, and a GLOO_SOCKET_IFNAME that is not lo. skip: no launch yet, or the
-    unit is gone. ``run_id``, ``stop``: the run status.yml looks at and its ``kind: stop`` event
-    (filter ``ddp_job_stop_event``; {} when not stopped): a node the event names says its last run
-    was stopped by stop.yml at T, as the status table does (stop.yml clears the unit of a job that
-    had ended, so its addresses are then not known)."""
+    LoadState,ExecStart,Environment``) passed a routable --local-addr and --rdzv-endpoint host and a
+    GLOO_SOCKET_IFNAME other than lo (a warning); skip without a launch. A node named by the stop
+    event ``stop`` of run ``run_id`` says so (``stopped by stop.yml at T``)."""
     seen = _filters.unit_launch(unit_show)
     stopped = ""
     if host in ((stop or {}).get("hosts") or []):
@@ -474,10 +450,9 @@ def unique_name(host: str, hostnames: Mapping[str, Any]) -> dict:
 
 def dpkg_lock(host: str, holders: Sequence[Mapping[str, Any]], comms: Sequence[Mapping[str, Any]],
               attempts: Any, poll_s: Any, wait_s: Any, preflight: bool) -> dict:
-    """apt/dpkg locks free before provisioning. ``holders``: ``[{path, pid}]`` (filter
-    ``validate_lock_holders``) after ``attempts`` reads ``poll_s`` apart; ``comms``: the ``slurp``
-    results of each holder's /proc/PID/comm, in the same order. A holder fails the preflight
-    (which waited up to ``wait_s``) and is a warning in the doctor."""
+    """apt/dpkg locks free. ``holders``: filter ``validate_lock_holders`` after ``attempts`` reads
+    ``poll_s`` apart; ``comms``: the ``slurp`` of each holder's /proc/PID/comm. A holder fails the
+    ``preflight`` (which waited up to ``wait_s``), else warns."""
     if not holders:
         waited = (int(attempts or 1) - 1) * float(poll_s)
         return record("dpkg_lock", None,
@@ -494,18 +469,10 @@ def dpkg_lock(host: str, holders: Sequence[Mapping[str, Any]], comms: Sequence[M
 
 
 def gloo(host: str, route: Mapping[str, Any] | None, unit_show: str, addr_show: str) -> dict:
-    """Which address gloo binds on the node, against the route's source.
-
-    Args:
-        route: filter ``validate_route`` of ``ip -4 -o route get <rendezvous address>`` (``{dev, src}``).
-        unit_show: ``systemctl show`` of the agent unit (``LoadState``, ``Environment``).
-        addr_show: ``ip -o addr show dev <route dev>``.
-
-    Returns:
-        ``{check: "gloo", status: ok|warn|skip, detail}``. The last launch's ``DDPLAB_GLOO_ADDR``
-        is what its training program binds; a launch without it (ddp-lab before issue 12) binds
-        ``GLOO_SOCKET_IFNAME``'s first address (filter module's ``gloo_ifname_address``).
-    """
+    """The address gloo binds on the node (the last launch's ``DDPLAB_GLOO_ADDR``, else the first
+    of its ``GLOO_SOCKET_IFNAME``) against the route's source (a warning). ``route``: filter
+    ``validate_route``; ``unit_show``: ``systemctl show`` of the agent unit; ``addr_show``: ``ip -o
+    addr show dev <route dev>``. skip without a route."""
     src, dev = (route or {}).get("src"), (route or {}).get("dev")
     if not src:
         return {"check": "gloo", "status": "skip",
@@ -543,8 +510,7 @@ ACROSS = {"unique_address": (unique_address, "__validate_address"),
 
 
 class ActionModule(ActionBase):
-    """Run the checks given (``checks``: a list of ``{check, args, skip}``; see the module docstring)
-    and return their records (``records``), in order; a check with ``skip: true`` is left out."""
+    """See the module docstring."""
 
     def _one(self, check: str, args: Mapping[str, Any], task_vars: dict) -> dict | None:
         host = task_vars.get("inventory_hostname", "?")
@@ -573,9 +539,7 @@ class ActionModule(ActionBase):
         raise AnsibleActionFail(f"validate_check: unknown check {check!r}")
 
     def _become(self, host: str, task_vars: dict) -> dict | None:
-        """The check ``become`` (the task runs with ``become: true``): a module (``ping``) run with
-        become, without a prompt, as ``sudo -n true`` would; module_utils/become.pys ``become_problem``
-        names a password that -K did not give. None: the node is unreachable."""
+        """The check ``become``: ``ping`` run with become, no prompt; None: the node is unreachable."""
         try:
             res = self._execute_module(module_name="ansible.builtin.ping", module_args={},
                                        task_vars=task_vars)

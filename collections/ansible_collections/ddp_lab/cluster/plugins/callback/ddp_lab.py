@@ -1,20 +1,12 @@
 """Stdout callback ``ddp_lab``: Ansible's ``default`` output, with the project's refusals in one line.
 
-ansible-core 2.19 prints every failed task's error with an ``Origin:`` block (the task file, line
-and column, and five lines of the YAML around it) under the ``[ERROR]:`` line. For the project's
-refusals, whose ``fail_msg``/``msg`` already says what is wrong and how to fix it, that block is
-only noise: their ``[ERROR]:`` line is printed alone (``Task failed: Action failed: <msg>``, the
-words ``errors()`` of tests/labharness.py and people read), for a task and for each failed item of
-a loop. A refusal (:func:`is_refusal`) is a failure whose message the action wrote itself: an
-assert whose condition was false (its result carries ``assertion``), a fail task's ``msg``, a
-project action plugin's failed result or ``AnsibleActionFail``, or a role's own argument check
-(``validate_argument_spec``, which a role with ``meta/argument_specs.yml`` runs at its start): its
-errors in one line (:func:`argument_line`), without the whole spec it carries
-(``argument_spec_data``). Every other failure, of these
-actions too (a conditional or template that cannot be evaluated, an exception inside a plugin), and
-of every other action keeps Ansible's whole message with its origin. The ``fatal: [host]: FAILED!``
-(or ``failed: [host] (item=...)``) line that follows stays (an assert's ``assertion`` and
-``evaluated_to`` left out of it). Set in ansible.cfg (``stdout_callback = ddp_lab.cluster.ddp_lab``).
+For a refusal (:func:`is_refusal`: a failure whose message the action wrote for people), the
+``[ERROR]:`` line is printed alone (``Task failed: Action failed: <msg>``), without the ``Origin:``
+block ansible-core 2.19 adds under it, for a task and for each failed item of a loop; a role's own
+argument check prints its errors in one line (:func:`argument_line`) without the spec it carries.
+Every other failure keeps Ansible's whole message. The ``fatal: [host]: FAILED!`` line stays,
+without an assert's ``assertion`` and ``evaluated_to``. Set in ansible.cfg
+(``stdout_callback = ddp_lab.cluster.ddp_lab``).
 """
 
 from __future__ import annotations
@@ -72,14 +64,11 @@ def argument_line(result: Mapping[str, Any]) -> str:
 
 
 def is_refusal(action: str, result: Mapping[str, Any], summary: Any) -> bool:
-    """Whether the failed result ``result`` of a task of ``action`` (its error summary ``summary``)
-    is a refusal written for people (see the module docstring).
-
-    The message is the action's own when the innermost event of the summary is the result's
-    ``msg``: ansible-core keeps an action's ``failed``/``msg`` result (and an ``AnsibleActionFail``'s
-    message) as the ``msg``, while for an exception it composes ``msg`` from the whole chain
-    (``Task failed: Error while evaluating conditional: ...``), ansible-core 2.19
-    ``_error_utils.result_dict_from_exception``."""
+    """Whether the failed ``result`` of a task of ``action`` (its error summary ``summary``) is a
+    refusal: an assert whose condition was false, a fail task, a role's argument check or one of
+    this collection's actions, whose ``msg`` is the innermost event's message (an exception's
+    ``msg`` is composed from the whole chain: ansible-core 2.19
+    ``_error_utils.result_dict_from_exception``)."""
     if action not in REFUSALS and action not in PROJECT_ACTIONS and action not in ARGUMENT_SPECS:
         return False
     msg = result.get("msg")
@@ -110,19 +99,19 @@ class CallbackModule(DefaultCallback):
                 result.result["msg"] = argument_line(result.result)
         return refusal
 
-    def v2_runner_on_failed(self, result, ignore_errors: bool = False) -> None:
+    def _failed(self, show, result, *args) -> None:
+        """``show(result, *args)`` (the default callback's) with a refusal printed in one line."""
         self._refusal = self._one_line(result)
         try:
-            super().v2_runner_on_failed(result, ignore_errors)
+            show(result, *args)
         finally:
             self._refusal = False
 
+    def v2_runner_on_failed(self, result, ignore_errors: bool = False) -> None:
+        self._failed(super().v2_runner_on_failed, result, ignore_errors)
+
     def v2_runner_item_on_failed(self, result) -> None:
-        self._refusal = self._one_line(result)
-        try:
-            super().v2_runner_item_on_failed(result)
-        finally:
-            self._refusal = False
+        self._failed(super().v2_runner_item_on_failed, result)
 
     def _handle_exception(self, result, use_stderr: bool = False) -> None:
         if self._refusal and result.get("exception"):

@@ -15,9 +15,8 @@ from ddplab.runstate import node_state
 
 
 def collect_source(collect_run_id: Any, launched_run_id: Any = "") -> str:
-    """How the run to collect was named, for collect's lines: ``-e collect_run_id`` when given,
-    ``the run this play launched or followed`` when the play settled one (``ddp_lab_run_id``),
-    else ``runs/current``."""
+    """How the run to collect was named: ``-e collect_run_id``, ``the run this play launched or
+    followed`` (``launched_run_id``), else ``runs/current``."""
     if str(collect_run_id or ""):
         return "-e collect_run_id"
     if str(launched_run_id or ""):
@@ -28,10 +27,8 @@ def collect_source(collect_run_id: Any, launched_run_id: Any = "") -> str:
 def collect_missing_run(node_dirs: Mapping[str, Any], home_dir: Mapping[str, Any] | None, run_id: str,
                         base_dir: str, runs_dir: str) -> str:
     """The refusal when no reachable trainer and not the controller holds run ``run_id``; '' when
-    one does. ``node_dirs``: host -> its registered ``ansible.builtin.stat`` of
-    ``<base_dir>/runs/<run_id>`` (``unreachable`` when the trainer was not reached; missing or
-    skipped: not read); ``home_dir``: the ``stat`` result of ``<runs_dir>/<run_id>`` on the
-    controller."""
+    one does. ``node_dirs``: host -> its ``ansible.builtin.stat`` of ``<base_dir>/runs/<run_id>``;
+    ``home_dir``: the ``stat`` of ``<runs_dir>/<run_id>`` on the controller."""
     if ((home_dir or {}).get("stat") or {}).get("isdir"):
         return ""
     held = [h for h, r in node_dirs.items() if (((r or {}).get("stat") or {}).get("isdir"))]
@@ -48,18 +45,14 @@ def collect_missing_run(node_dirs: Mapping[str, Any], home_dir: Mapping[str, Any
 
 
 def collect_registered(hosts: Iterable[str], hostvars: Mapping[str, Any], name: str) -> dict[str, Any]:
-    """Host -> the value of its variable ``name`` (a registered result) in ``hostvars``, for each
-    host of ``hosts`` in order ({} for a host without it): ddp_job's ``host_values``, the one home
-    of this lookup, with {} as the default."""
+    """:func:`host_values` with {} for a host without the variable."""
     return host_values(hosts, hostvars, name, {})
 
 
 def collect_journal_argv(invocations_b64: Any, unit: str) -> list[str]:
     """The ``journalctl`` command of the run's part of the agent's journal: the entries of the run's
-    invocations (``invocations_b64``: the base64 ``content`` of the run's ``invocations`` file,
-    ``ansible.builtin.slurp``; one systemd InvocationID a line, the launch records each), by the
-    unit's own messages (``_SYSTEMD_INVOCATION_ID``) or those systemd wrote about it
-    (``INVOCATION_ID``); without any: the whole journal of ``unit``."""
+    invocations (``invocations_b64``: the ``slurp`` of its ``invocations`` file, one InvocationID
+    a line), the unit's own or systemd's about it; without any, the whole journal of ``unit``."""
     try:
         text = base64.b64decode(str(invocations_b64 or "")).decode("utf-8", "replace")
     except (ValueError, binascii.Error):
@@ -72,11 +65,8 @@ def collect_journal_argv(invocations_b64: Any, unit: str) -> list[str]:
 
 
 def collect_newest(files: Iterable[Mapping[str, Any]], count: Any) -> list[str]:
-    """The paths of the ``count`` newest checkpoints among ``ansible.builtin.find``'s ``files``
-    (``ckpt-<step>.pt``, zero-padded: newest = last by name); [] for ``count`` <= 0.
-
-    Raises ValueError (one line naming ``collect_checkpoints``) when ``count`` is not a whole
-    number, e.g. ``-e collect_checkpoints=two``."""
+    """The paths of the ``count`` newest checkpoints among ``ansible.builtin.find``'s ``files`` (last
+    by name); [] for ``count`` <= 0. ValueError (one line) when ``count`` is not a whole number."""
     try:
         n = int(str(count).strip())
     except ValueError:
@@ -86,9 +76,8 @@ def collect_newest(files: Iterable[Mapping[str, Any]], count: Any) -> list[str]:
 
 
 def collect_pack_paths(run_dir: str, files: Iterable[str], newest: Iterable[str]) -> list[str]:
-    """What collect packs on a node, as absolute paths under the node's run folder ``run_dir``: its
-    ``logs`` and ``metrics`` folders, the small ``files`` (names relative to ``run_dir``), and each of
-    the ``newest`` checkpoints (:func:`collect_newest`) with its ``.sha256`` beside it."""
+    """What collect packs on a node, as absolute paths: ``run_dir``'s ``logs`` and ``metrics``, the
+    ``files`` (relative to ``run_dir``), and each of the ``newest`` checkpoints with its ``.sha256``."""
     base = str(run_dir).rstrip("/")
     out = [f"{base}/logs", f"{base}/metrics", *(f"{base}/{f}" for f in files or ())]
     for ckpt in newest or ():
@@ -97,31 +86,25 @@ def collect_pack_paths(run_dir: str, files: Iterable[str], newest: Iterable[str]
 
 
 def collect_snapshot_hosts(running: Iterable[str], snapshot: Any) -> str:
-    """summary build's ``--running``: the trainers where the run still runs, comma-separated, when
-    collect takes a snapshot of it (``snapshot`` true); '' otherwise."""
+    """summary build's ``--running``: ``running`` comma-separated under ``snapshot``, else ''."""
     return ",".join(running or []) if truthy(snapshot) else ""
 
 
 def collect_summary_lines(summary_lines: Iterable[str], run_dir: str, report: Any) -> list[str]:
-    """What collect prints at its end: the human summary's lines, then the report's path when it
-    wrote one (``report`` true)."""
+    """What collect prints at its end: the summary's lines, then the report's path (``report``)."""
     tail = [f"report: {run_dir}/report.html"] if truthy(report) else []
     return [*(summary_lines or []), *tail]
 
 
-
-
 def collect_unread(statuses: Mapping[str, Any]) -> list[str]:
-    """The trainers whose state this collect could not read (``ddp_job_status`` missing,
-    unreachable or error: a laptop powered off): their folders are not brought home, so the
-    summary is partial (``summary build --unread``)."""
+    """The trainers whose ``ddp_job_status`` is missing, unreachable or error: not brought home
+    (``summary build --unread``)."""
     return sorted(h for h, r in statuses.items() if (r or {}).get("state") in (None, "unreachable", "error"))
 
 
 def collect_partial_warning(statuses: Mapping[str, Any], run_id: str) -> str:
-    """The marked warning of a partial collect (:func:`collect_unread` not empty), naming each
-    unread trainer with why it could not be read and the fix; "" when every trainer was read."""
-    unread = collect_unread(statuses)
+    """The warning of a partial collect, naming each unread trainer, why, and the fix; "" else."""
+    unread = [h for h, r in statuses.items() if (r or {}).get("state") in (None, "unreachable", "error")]
     if not unread:
         return ""
     why = "; ".join(f"{h}: {(statuses.get(h) or {}).get('error') or 'not read'}" for h in unread)
@@ -132,16 +115,11 @@ def collect_partial_warning(statuses: Mapping[str, Any], run_id: str) -> str:
 
 
 def collect_run_over(statuses: Mapping[str, Any], run_id: str, now: float | None = None) -> dict[str, Any]:
-    """Whether run ``run_id`` is over on every trainer, so that collect may end its rendezvous store
-    and lighthouse (site.yml -e ddp_job_watch=false leaves them to whoever collects the run):
-    ``{over, why, last_record}``. ``statuses``: host -> its ``ddp_job_status`` (ddplab.status read
-    by ddp_job tasks/state.yml). Not over when a trainer could not be read (it may still train),
-    the run still runs on one (:func:`ddplab.runstate.node_state`), or a trainer belongs to another run
-    already: its agent unit runs another run, or its ``current_run`` names another (a later
-    launch shipped; the services are that launch's). ``why``: the reason, one clause;
-    ``last_record``: unix time of the run's newest record on any trainer (``now`` minus the
-    smallest ``progress.age_s``; None without records), which the services' start times are
-    compared with (:func:`collect_services_of_run`)."""
+    """Whether run ``run_id`` is over on every trainer (``statuses``: host -> its
+    ``ddp_job_status``), so that collect may end its store and lighthouse: ``{over, why,
+    last_record}``. Not over when a trainer was not read, the run still runs on one, or one
+    belongs to another run already (its running unit or its ``current_run``). ``why``: one
+    clause; ``last_record``: unix time of the run's newest record on any trainer (None)."""
     now = time.time() if now is None else float(now)
     ages = [float(a) for r in statuses.values()
             if (a := (((r or {}).get("progress") or {}).get("age_s"))) is not None]
@@ -166,20 +144,16 @@ def collect_run_over(statuses: Mapping[str, Any], run_id: str, now: float | None
 
 def collect_services_of_run(store: Mapping[str, Any] | None, lighthouse: Mapping[str, Any] | None,
                             last_record: Any = None, over: Any = True, why: str = "") -> dict[str, Any]:
-    """Whether the running store and lighthouse (``ddplab.controller.supervisor`` status documents;
-    {} when not read) are the run's, so that collect ends them: ``{stop, line}``. ``stop`` False
-    when none runs, when the run has no record on any trainer (``last_record`` None: nothing proves
-    they are the run's, a later launch that started its store but has not shipped ``current_run``
-    yet may hold them), or when one started (``started_at``) after the run's newest record
-    (``last_record``, unix s, :func:`collect_run_over`): a later launch's. ``line``: what collect
-    says. ``over`` False (:func:`collect_run_over`: a trainer not read, the run still running
-    somewhere): they stay, and ``line`` says so with ``why``, never without a word."""
+    """Whether the running store and lighthouse (supervisor status documents; {} when not read) are
+    the run's, so that collect ends them: ``{stop, line}``. ``stop`` False when none runs, when the
+    run is not ``over`` (``why``), has no record (``last_record`` None) or one started after
+    ``last_record`` (a later launch's). ``line``: what collect says ('' when none runs)."""
     docs = (("rendezvous store", store or {}), ("torchft lighthouse", lighthouse or {}))
     running = {name: doc for name, doc in docs if doc.get("running")}
     if not running:
         return {"stop": False, "line": ""}
     names = " and ".join(f"{n} on port {d.get('port', '?')}" for n, d in running.items())
-    if str(over).lower() not in ("true", "1", "yes"):
+    if not truthy(over):
         return {"stop": False, "line": (f"{names} left running: the run is not over on every trainer ({why});"
                                         " fix: collect again once it is, or end them with"
                                         " `ansible-playbook playbooks/stop.yml` when no run uses them")}

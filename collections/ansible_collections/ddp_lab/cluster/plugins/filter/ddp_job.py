@@ -1,8 +1,6 @@
-"""Filters of the ddp_job role: which worker logs ``logs.yml`` shows, the input it takes,
-whether stop.yml stopped the run the watch followed, the state of the run looked at on a node
-(status.yml's table and attach.yml: :func:`ddplab.runstate.node_state`), and the role's rules for
-its settings (:data:`SETTINGS`: ranges, --rdzv-conf, the elastic range, the recovery engine, the run
-configuration; module_utils/settings.py judges them, in the preflight and before anything starts)."""
+"""Filters of the ddp_job role: which worker logs ``logs.yml`` shows and the input it takes, what
+attach.yml does with the run looked at, and the role's rules for its settings (:data:`SETTINGS`,
+judged by module_utils/settings.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +13,7 @@ from ansible_collections.ddp_lab.cluster.plugins.module_utils.hostvars import ag
 from ansible_collections.ddp_lab.cluster.plugins.module_utils.settings import record
 from ddplab import config as ddplab_config
 from ddplab.engines import LIGHTHOUSE_ENGINES
-from ddplab.runstate import WORDS, cut_off_hosts, node_state, stop_event, stopped_at, unit_tells_run
+from ddplab.runstate import WORDS, node_state, stop_event, stopped_at, unit_tells_run
 
 # torchrun --log-dir D writes D/<run id>_<random>/attempt_<restart>/<local rank>/stderr.log
 # (torch.distributed.elastic.multiprocessing.api: one folder per launch and per restart).
@@ -23,11 +21,8 @@ STDERR = re.compile(r"/attempt_(\d+)/(\d+)/stderr\.log$")
 
 
 def local_ranks_of(workers: Iterable[Mapping[str, Any]], rank: Any = None) -> list[int]:
-    """The local ranks of this node's workers (``ddplab.status`` ``workers``: the newest record of
-    each) that hold global ``rank`` now; every local rank when ``rank`` is None or ''.
-
-    A node whose workers wrote no record yet has none: ``[]``.
-    """
+    """The local ranks of this node's workers (``ddplab.status`` ``workers``) that hold global
+    ``rank`` now (every one when ``rank`` is None or ''); ``[]`` before any record."""
     out = []
     for w in workers or []:
         if rank in (None, "") or (w.get("rank") is not None and int(w["rank"]) == int(rank)):
@@ -36,9 +31,8 @@ def local_ranks_of(workers: Iterable[Mapping[str, Any]], rank: Any = None) -> li
 
 
 def newest_stderr(files: Iterable[Mapping[str, Any]], local_ranks: Iterable[int]) -> list[str]:
-    """The path of the newest ``stderr.log`` (by mtime) of each local rank in ``local_ranks``,
-    from ``ansible.builtin.find``'s ``files`` (dicts with ``path`` and ``mtime``); a local rank
-    without a log is left out."""
+    """The path of the newest ``stderr.log`` (by mtime) of each of ``local_ranks`` that has one,
+    from ``ansible.builtin.find``'s ``files``."""
     wanted = {int(r) for r in local_ranks}
     best: dict[int, tuple[float, str]] = {}
     for f in files or []:
@@ -52,9 +46,8 @@ def newest_stderr(files: Iterable[Mapping[str, Any]], local_ranks: Iterable[int]
 
 
 def logs_input_problems(node: Any, hosts: Iterable[str], rank: Any = None, lines: Any = None) -> list[str]:
-    """What is wrong with ``logs.yml``'s input (``-e node= rank= lines=``), one message per
-    problem (``[]``: good). ``node`` must be one of ``hosts``; ``rank`` empty/None or an integer
-    >= 0; ``lines`` a positive integer."""
+    """What is wrong with ``logs.yml``'s ``-e node= rank= lines=``, one message per problem: ``node``
+    one of ``hosts``, ``rank`` empty or an integer >= 0, ``lines`` a positive integer."""
     hosts = list(hosts)
     problems = []
     if node in (None, ""):
@@ -69,9 +62,7 @@ def logs_input_problems(node: Any, hosts: Iterable[str], rank: Any = None, lines
 
 
 def stdout_log_of(stderr_path: Any) -> str:
-    """The ``stdout.log`` beside a worker's ``stderr.log`` (torchrun ``--tee 3`` writes both in the
-    same folder), e.g. ``.../attempt_0/1/stdout.log``. Raises ValueError for a path that is not a
-    torchrun worker's ``stderr.log``."""
+    """The ``stdout.log`` beside a torchrun worker's ``stderr.log``; ValueError for another path."""
     path = str(stderr_path)
     if not STDERR.search(path):
         raise ValueError(f"not a torchrun worker's stderr.log: {path}")
@@ -79,8 +70,8 @@ def stdout_log_of(stderr_path: Any) -> str:
 
 
 def logs_rank_problem(workers: Iterable[Mapping[str, Any]], rank: Any, host: str, run_id: str = "") -> str:
-    """logs.yml's refusal when ``rank`` (-e rank=; '' or None: any) is held by no worker of
-    ``host`` (``ddplab.status`` ``workers``), naming the ranks its workers hold; '' when it is."""
+    """logs.yml's refusal when ``rank`` ('' or None: any) is held by no worker of ``host``, naming
+    the ranks its workers hold; '' when it is."""
     if rank in (None, "") or local_ranks_of(workers, rank):
         return ""
     held = ", ".join(str(w["rank"]) for w in workers or [] if w.get("rank") is not None) or "none"
@@ -97,7 +88,7 @@ def _worker_of(workers: Iterable[Mapping[str, Any]], path: str) -> Mapping[str, 
 
 def _tail(result: Mapping[str, Any]) -> list[str] | None:
     """The lines of a ``tail`` command's registered result; None when the file could not be read."""
-    if int(result.get("rc", 1) if result.get("rc") is not None else 1) != 0:
+    if result.get("rc") is None or int(result["rc"]) != 0:
         return None
     return list(result.get("stdout_lines") or [])
 
@@ -107,14 +98,10 @@ def logs_worker_messages(stderr_results: Iterable[Mapping[str, Any]],
                          workers: Iterable[Mapping[str, Any]] | None = None, status_line: str = "",
                          run_dir: str = "", run_id: str = "", rank: Any = "") -> list[list[str]]:
     """What logs.yml shows of each worker of the node: one message (list of lines) per worker,
-    from the registered ``tail`` results of its ``stderr.log`` (``item``: the path) and of its
-    ``stdout.log`` (``item.item``: the stderr path; in the same order). ``workers``: ``ddplab.status``
-    ``workers`` (rank of each local rank); ``status_line``: the node's progress line.
-
-    A healthy worker writes no stderr: said so. Only global rank 0 prints the ``[ddplab]`` progress
-    lines (ddplab.train), so an empty stdout of another rank says where those lines are (the
-    laptop of rank 0, with the command) and gives the worker's newest metrics record and the
-    node's progress line instead. Without any worker log: one message saying so."""
+    from the registered ``tail`` results of its ``stderr.log`` and ``stdout.log`` (same order).
+    ``workers``: ``ddplab.status`` ``workers``; ``status_line``: the node's progress line. A rank
+    other than 0 prints no progress lines: its empty stdout says where they are and gives its newest
+    record and ``status_line`` instead. Without any worker log: one message saying so."""
     stdout_results = list(stdout_results or [])
     out: list[list[str]] = []
     for i, err in enumerate(stderr_results or []):
@@ -155,22 +142,19 @@ def logs_journal_message(journal_lines: Iterable[str], unit: str, lines: Any) ->
 
 
 def running_hosts(hosts: Any, hostvars: Mapping[str, Any] | None = None) -> list[str]:
-    """The hosts among ``hosts`` (names, in order) where the run looked at still runs:
-    :func:`ddplab.runstate.node_state` of each host's ``ddp_job_status`` (:func:`statuses_of`; a host without
-    one is ``absent``) is ``running``. For collect's refusal."""
+    """The hosts among ``hosts`` whose ``ddp_job_status`` says the run looked at still runs
+    (:func:`ddplab.runstate.node_state`)."""
     return [h for h, res in statuses_of(hosts, hostvars).items() if node_state(res, h) == "running"]
 
 
 def attach_plan(results: Mapping[str, Any], stop: Mapping[str, Any] | None = None,
                 run_id: str = "") -> dict[str, Any]:
-    """What attach.yml does with the run looked at, from every trainer's ``ddp_job_status``
-    (host -> result, :func:`statuses_of`) and the run's stop event: ``{states, watch, other_job,
-    line, problem}``. ``states``: host -> :func:`ddplab.runstate.node_state`; ``watch``: some
-    agent unit speaks of the run (:func:`ddplab.runstate.unit_tells_run`), so the watch follows
-    it; ``other_job``: a trainer's agent runs another run (the store is not this run's to stop);
-    ``line``: when not watched, the one line that says how the run ended on each node (it is
-    collected next); ``problem``: attach.yml's refusal when no trainer has a job of the run (every
-    state absent, unreachable or error), '' otherwise."""
+    """What attach.yml does with the run looked at, from every trainer's ``ddp_job_status`` and the
+    run's ``stop`` event: ``{states, watch, other_job, line, problem}``. ``states``: host ->
+    :func:`ddplab.runstate.node_state`; ``watch``: some agent unit speaks of the run
+    (:func:`ddplab.runstate.unit_tells_run`); ``other_job``: a trainer's agent runs another run;
+    ``line``: when not watched, how the run ended on each node; ``problem``: the refusal when no
+    trainer has a job of the run, else ''."""
     states = {h: node_state(r, h, stop) for h, r in results.items()}
     watch = any(unit_tells_run(r) for r in results.values())
     others = sorted({str((r or {}).get("current_run") or "?") for r in results.values()
@@ -190,10 +174,8 @@ def attach_plan(results: Mapping[str, Any], stop: Mapping[str, Any] | None = Non
 
 
 def collect_hint(run_id: Any, run_tags: Iterable[str] = ("all",), skip_tags: Iterable[str] = ()) -> str:
-    """The line a watched train phase ends with when this ansible-playbook run does not collect the
-    run (``--tags`` without collect, or ``--skip-tags collect``: Ansible's ``ansible_run_tags`` and
-    ``ansible_skip_tags``): the run ended, and the collect command that brings it home and writes
-    summary.json and the final report. '' when the collect play runs."""
+    """The line a watched train phase ends with when this play does not collect the run
+    (``run_tags`` / ``skip_tags``: Ansible's): the collect command; '' when the collect play runs."""
     run_tags, skip_tags = set(run_tags or ("all",)), set(skip_tags or ())
     if "collect" not in skip_tags and ("all" in run_tags or "collect" in run_tags):
         return ""
@@ -247,10 +229,8 @@ def nnodes(host: str, nmin: Any, nmax: Any, trainers: int) -> dict:
 def train_config(host: str, dataset_sha256: Any, overrides: Mapping[str, Any] | None = None,
                  preset: Any = None, max_steps: Any = None, threads: Any = None,
                  fault_tolerance: Any = None, sync_every: Any = None) -> dict:
-    """The run configuration as the role writes it to run.json (paths, run id and, for an engine
-    under the lighthouse, its address as placeholders), judged by the training program's own rules
-    (``ddplab.config.build_config``, as ``python -m ddplab.train --check``; needs no torch);
-    ``sync_every`` only with ``fault_tolerance`` diloco, as the role writes it."""
+    """The run configuration as the role writes it to run.json (paths, run id and lighthouse address
+    as placeholders), judged by ``ddplab.config.build_config``; ``sync_every`` only with diloco."""
     config = {"run_id": "preflight", "out_dir": "/preflight", "data_path": "/preflight/input.txt",
               "data_url": None, "data_sha256": dataset_sha256}
     config.update({k: v for k, v in {"preset": preset, "max_steps": max_steps, "threads": threads}.items()
@@ -272,11 +252,8 @@ def train_config(host: str, dataset_sha256: Any, overrides: Mapping[str, Any] | 
 
 def engine(host: str, fault_tolerance: Any, worker_argv: Iterable[Any], nproc_per_node: Any,
            grad_compression: Any = "none") -> dict:
-    """The recovery engine (``ddp_job_fault_tolerance``): torchelastic, or per_step / diloco, which
-    train ddplab.train with one worker per laptop (one torchft replica group each: no
-    ``ddp_job_worker_argv``, ``ddp_job_nproc_per_node`` 1) and average fp32 gradients (or
-    pseudo-gradients) themselves (``ddp_job_grad_compression`` none: the compressions are DDP hooks
-    of torchelastic)."""
+    """The recovery engine: torchelastic, or a lighthouse engine with one ddplab.train worker per
+    laptop (no ``worker_argv``, ``nproc_per_node`` 1) and ``grad_compression`` none."""
     groups = LIGHTHOUSE_ENGINES
     good = fault_tolerance == "torchelastic" or (
         fault_tolerance in groups and not worker_argv and str(nproc_per_node).strip() == "1")
@@ -334,7 +311,6 @@ class FilterModule:
             "ddp_job_stop_event": stop_event,
             "ddp_job_attach_plan": attach_plan,
             "ddp_job_running_hosts": running_hosts,
-            "ddp_job_cut_off_hosts": cut_off_hosts,
             "ddp_job_statuses": statuses_of,
             "ddp_job_agent_ran_hosts": agent_ran_hosts,
             "ddp_job_collect_hint": collect_hint,

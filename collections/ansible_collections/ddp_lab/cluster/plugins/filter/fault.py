@@ -1,10 +1,6 @@
-"""Filters of the fault role: the run's recovery engine (from the node's run.json), agent command
-lines compared without the options whose values differ from laptop to laptop
-(tasks/rejoin-launch.yml), the check of kill-node.yml's settings against the role's argument
-spec, once and in one line each, the target and the nodes still training (tasks/resolve.yml:
-:func:`resolve`, :func:`wait_timeout`, :func:`intent`, :func:`finished_refusal`) and the
-measurement's inputs, output and one-line outcome (tasks/report.yml: :func:`down_hosts`,
-:func:`measured_lines`, :func:`agent_end`, :func:`not_recovered`)."""
+"""Filters of the fault role and kill-node.yml: the run's engine, agent command lines compared
+without the per-laptop options, kill-node.yml's settings against the role's argument spec, the
+target and the nodes still training, and the measurement's inputs and one-line outcome."""
 
 from __future__ import annotations
 
@@ -28,8 +24,8 @@ KINDS = {"int": "an integer", "float": "a number", "bool": "true or false", "dic
 
 
 def without_options(argv: Sequence[Any], options: Iterable[str]) -> list[str]:
-    """``argv`` (strings) without each option in ``options`` and the value that follows it
-    (``--opt value``) or is attached to it (``--opt=value``); everything else in order."""
+    """``argv`` (strings) without each option in ``options`` and its value (``--opt value`` or
+    ``--opt=value``); everything else in order."""
     drop = set(options)
     out: list[str] = []
     skip = False
@@ -47,11 +43,9 @@ def without_options(argv: Sequence[Any], options: Iterable[str]) -> list[str]:
 
 
 def run_engine(run_config: Mapping[str, Any] | None) -> str:
-    """The recovery engine of a run from its configuration, the node's ``run.json`` (the file
-    ``ddplab.train --config`` reads; ddp_job writes it at the launch and a resume): its
-    ``fault_tolerance``, ``torchelastic`` when absent (ddplab.config's default: a torchelastic run's
-    run.json has no engine keys). Raises ValueError on an engine that is not one of
-    ``torchelastic``, ``per_step``, ``diloco``, or when ``run_config`` is not a mapping."""
+    """The recovery engine of a run from its ``run.json``: ``fault_tolerance``, ``torchelastic`` when
+    absent (ddplab.config's default). Raises ValueError on an engine not in ``ddplab.engines`` or
+    when ``run_config`` is not a mapping."""
     if not isinstance(run_config, Mapping):
         raise ValueError(f"run.json is not a JSON object: {run_config!r:.80}")
     engine = str(run_config.get("fault_tolerance") or "torchelastic")
@@ -61,13 +55,10 @@ def run_engine(run_config: Mapping[str, Any] | None) -> str:
 
 
 def agent_states(progress: Mapping[str, Any], stop: Mapping[str, Any] | None = None) -> dict[str, str]:
-    """Host -> how kill-node.yml names its agent: the run-state model's word for its state
-    (:func:`ddplab.runstate.node_states`, :data:`ddplab.runstate.WORDS`: running, ended, failed, no
-    job, interrupted, cut off), ``stopped by stop.yml at HH:MM:SS`` for a host the run's stop event
-    names, ``down`` for a host that was not read (off, unreachable, or its status could not be read).
-
-    ``progress``: host -> its ``node_status`` result (skipped: not read); ``stop``: the stop event
-    ({} or None when the run was not stopped)."""
+    """Host -> how kill-node.yml names its agent: :data:`ddplab.runstate.WORDS` of its
+    :func:`ddplab.runstate.node_states` state, ``stopped by stop.yml at HH:MM:SS`` for a host the
+    run's ``stop`` event names, ``down`` for a host not read. ``progress``: host -> its
+    ``node_status`` result (skipped: not read)."""
     words = {**WORDS, "stopped": stopped_at(stop), "unreachable": "down", "error": "down"}
     read = {h: r if isinstance(r, Mapping) and r.get("state") and not r.get("skipped")
             else {"state": "unreachable"} for h, r in progress.items()}
@@ -76,24 +67,17 @@ def agent_states(progress: Mapping[str, Any], stop: Mapping[str, Any] | None = N
 
 def checked_settings(options: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """The options of an argument spec that :func:`argument_problems` checks: those of type int,
-    float or bool or with choices (a string from ``-e`` must convert or match). The others take
-    any string, and their defaults may need the role's own variables (``role_path``)."""
+    float or bool or with choices (the others take any string from ``-e``)."""
     typed = ("int", "float", "bool")
     return sorted(k for k, o in options.items() if o.get("type") in typed or "choices" in o)
 
 
 def argument_problems(values: Mapping[str, Any], options: Mapping[str, Mapping[str, Any]],
                       names: Mapping[str, str] | None = None) -> list[str]:
-    """One line per setting in ``values`` that the argument spec ``options`` (a role's
-    ``meta/argument_specs.yml`` entry point's options) refuses, e.g. ``rank=abc is not an integer;
-    fix: -e rank=<an integer>`` ([] when every one passes).
-
-    ``values``: variable name -> value (names the spec does not know are left alone); ``names``: a
-    variable's name as the user gives it (``fault_rank`` -> ``rank``: kill-node.yml's -e names),
-    default the variable's own. The check is Ansible's own (ArgumentSpecValidator, as a role's
-    argument validation), run once by the play instead of once per host with the whole spec
-    printed.
-    """
+    """One line per setting of ``values`` that the argument spec ``options`` refuses (Ansible's
+    ArgumentSpecValidator), e.g. ``rank=abc is not an integer; fix: -e rank=<an integer>``; names
+    the spec does not know are left alone. ``names``: a variable's name as the user gives it
+    (``fault_rank`` -> ``rank``), default its own."""
     out: list[str] = []
     for var in sorted(set(values) & set(options)):
         spec = {var: {k: v for k, v in options[var].items() if k in ("type", "choices", "elements")}}
@@ -113,23 +97,17 @@ def argument_problems(values: Mapping[str, Any], options: Mapping[str, Mapping[s
 def resolve(progress: Mapping[str, Any], stop: Mapping[str, Any] | None, node: str, rank: Any,
             mode: str) -> dict[str, Any]:
     """Who kill-node.yml targets and who is still training, from each trainer's ``node_status``
-    result (``progress``: host -> result, in the inventory's order; None or skipped: not read).
+    result (``progress``: host -> result in the inventory's order; None or skipped: not read), the
+    run's ``stop`` event, ``node`` (``fault_node``, '' when the rank names the target), ``rank``
+    (< 0: none) and ``mode`` (``rejoin``: a rejoining node holds no rank yet).
 
-    Args:
-        stop: the run's ``kind: stop`` event (:func:`agent_states`), {} when not stopped.
-        node: ``fault_node`` ('' when the rank names the target); rank: ``fault_rank`` (< 0: none).
-        mode: ``fault_mode`` (``rejoin``: a rejoining node holds no rank until its group re-forms).
-
-    Returns:
-        ``active`` (hosts whose agent runs), ``workers`` (every read host's newest worker records,
-        oldest first), ``states`` (:func:`agent_states`), ``agents`` (``"host state, ..."``),
-        ``rank_holders`` (the active nodes whose worker holds ``rank``), ``ranks`` (``"node=rank,
-        ..."`` of the active workers, ``none`` without one), ``target`` (``node``, else the last
-        rank holder; None when there is none), ``target_rank`` and ``world_size`` (the newest of the
-        target's / the active workers', None unknown), ``others`` (active hosts but the target) and
-        ``probe`` (the node the recovery is watched from: the first other active host, else the
-        target), ``finished`` (:func:`finished_group`). Raises ValueError when ``rank`` is not an
-        integer.
+    Returns ``active`` (hosts whose agent runs), ``workers`` (every read host's newest worker
+    records, oldest first), ``states`` (:func:`agent_states`), ``agents`` (``"host state, ..."``),
+    ``rank_holders`` (active nodes whose worker holds ``rank``), ``ranks`` (``"node=rank, ..."`` of
+    the active workers, or ``none``), ``target`` (``node``, else the last rank holder, else None),
+    ``target_rank`` and ``world_size`` (None: unknown), ``others`` (active hosts but the target),
+    ``probe`` (the first other active host, else the target) and ``finished``
+    (:func:`finished_group`). Raises ValueError when ``rank`` is not an integer.
     """
     rank = int(rank)
     results = {h: r if isinstance(r, Mapping) else {} for h, r in progress.items()}
@@ -156,10 +134,8 @@ def resolve(progress: Mapping[str, Any], stop: Mapping[str, Any] | None, node: s
 
 
 def finished_group(progress: Mapping[str, Any]) -> dict[str, Any]:
-    """Whether the group finished the run: ``{hosts, step}``, the hosts whose ddplab.status
-    ``progress.finished`` says so (an ``end`` record since the node's newest start:
-    ddplab.records.group_finished) and the step the group ended at (the largest ``progress.step``
-    among them; None when no host finished). ``progress``: host -> its ``node_status`` result."""
+    """``{hosts, step}``: the hosts whose ``progress.finished`` says the group finished the run
+    (``progress``: host -> its ``node_status`` result), and the largest step among them (None)."""
     read = {h: r.get("progress") for h, r in progress.items() if isinstance(r, Mapping)}
     done = {h: p for h, p in read.items() if isinstance(p, Mapping) and p.get("finished")}
     steps = [int(p["step"]) for p in done.values() if isinstance(p.get("step"), int)]
@@ -167,11 +143,8 @@ def finished_group(progress: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def finished_refusal(plan: Mapping[str, Any], mode: str, run_id: str) -> str:
-    """kill-node.yml's one line when the run is finished (``plan``: :func:`resolve`; its
-    ``finished`` hosts, no agent running): the step its group ended at, that a rejoin has nothing
-    to join (another fault nothing to act on), every agent as :func:`agent_states` names it (a
-    replica cut off from the finished group reads ``cut off``, as in status.yml), and the fix:
-    collect the run, or start a new one."""
+    """kill-node.yml's one line when the run is finished (``plan``: :func:`resolve`): the step its
+    group ended at, that the fault has nothing to act on, every agent's state, and the fix."""
     done = plan.get("finished") or {}
     step = done.get("step")
     what = (f"a rejoin of {plan.get('target')} has nothing to join" if mode == "rejoin"
@@ -184,9 +157,9 @@ def finished_refusal(plan: Mapping[str, Any], mode: str, run_id: str) -> str:
 
 def intent(plan: Mapping[str, Any], check_mode: bool, mode: str, run_id: str, duration_s: Any,
            timeout_s: Any) -> str:
-    """What kill-node.yml is about to do (or would do, in ``check_mode``), in one line: the fault,
-    the target of ``plan`` (:func:`resolve`) with its rank and the world size (``?`` unknown), the
-    run, the duration of a timed fault (``duration_s`` > 0), the node watched and for how long."""
+    """What kill-node.yml is about to do (or would, in ``check_mode``), in one line: the fault, the
+    target of ``plan`` (:func:`resolve`) with rank and world size, the run, the duration of a timed
+    fault (``duration_s`` > 0), the node watched and for how long."""
     def known(value: Any) -> Any:
         return "?" if value is None else value
 
@@ -197,16 +170,16 @@ def intent(plan: Mapping[str, Any], check_mode: bool, mode: str, run_id: str, du
 
 
 def wait_timeout(mode: str, given_s: Any, default_s: Mapping[str, Any], duration_s: Any) -> int:
-    """How long kill-node.yml waits for the recovery, in s: ``given_s`` (``fault_wait_timeout_s``)
-    when > 0, else the mode's default (``fault_default_wait_s[mode]``) plus the fault's duration
-    (timed faults). Raises KeyError for a mode without a default, ValueError for a non-number."""
+    """How long kill-node.yml waits for the recovery, in s: ``given_s`` when > 0, else
+    ``default_s[mode]`` plus ``duration_s``. Raises KeyError for a mode without a default,
+    ValueError for a non-number."""
     given = int(float(given_s or 0))
     return given if given > 0 else int(float(default_s[mode])) + int(float(duration_s or 0))
 
 
 def down_hosts(up: Mapping[str, Any]) -> str:
-    """The hosts that are not up (``up``: host -> ``__fault_up``, None when unknown), comma-separated
-    as ``python -m ddplab.controller.summary faults --down`` takes them ('' when all are up)."""
+    """The hosts that are not up (``up``: host -> bool or None), comma-separated for ``python -m
+    ddplab.controller.summary faults --down``."""
     return ",".join(h for h, is_up in up.items() if not is_up)
 
 
@@ -222,10 +195,9 @@ _ROOT_CAUSE = re.compile(r"exitcode\s+:\s*([^\n]+)")
 
 
 def agent_end(host: str, unit: Mapping[str, Any] | None, journal: str | None) -> str:
-    """How one agent ended, in words: ``host: ActiveState`` (``?`` unknown), ``(exit N)`` for a
-    non-zero ExecMainStatus, ``torchrun gave up (no restart left)`` when its journal (the tail of
-    ``journalctl -u UNIT``) holds ChildFailedError (a worker group failed with no restart left),
-    and the exit code of the Root Cause block's last ``exitcode :`` line (the first failed worker)."""
+    """How one agent ended: ``host: ActiveState``, ``(exit N)`` for a non-zero ExecMainStatus,
+    ``torchrun gave up (no restart left)`` when its ``journal`` tail holds ChildFailedError, and the
+    exit code of the last ``exitcode :`` line of torchrun's Root Cause block."""
     unit, journal = unit or {}, journal or ""
     status = str(unit.get("ExecMainStatus", "0"))
     roots = _ROOT_CAUSE.findall(journal)
@@ -239,11 +211,10 @@ def agent_end(host: str, unit: Mapping[str, Any] | None, journal: str | None) ->
 
 def not_recovered(progress: Mapping[str, Any], run_id: str, mode: str, target: str, target_rank: Any,
                   timeout_s: Any, ends: Mapping[str, Any], unit: str) -> str:
-    """The one-line failure of a fault the job did not recover from: the run, whether it ``ended``
-    or did not recover within ``timeout_s`` (``progress``: ``node_status``'s result, ``phase``
-    ended | waiting), the fault and its target (and rank), each agent's end (``ends``: host ->
-    :func:`agent_end`, None: the host's name alone), the last failure record (200 characters) and
-    the fix."""
+    """The one-line failure of a fault the job did not recover from: the run, whether it ended
+    (``progress``: ``node_status``'s result, mode until) or did not recover within ``timeout_s``, the
+    fault and target, each agent's end (``ends``: host -> :func:`agent_end` or None), the last
+    failure record (200 characters) and the fix."""
     ended = progress.get("phase") == "ended"
     cause = str((progress.get("measure") or {}).get("cause") or "none")
     agents = "; ".join(str(end or host) for host, end in ends.items())

@@ -6,12 +6,8 @@ import ipaddress
 
 
 def subnet_of(facts: dict, address: str) -> str:
-    """The IPv4 subnet (CIDR) of the interface that holds ``address``, from Ansible's network
-    facts (``ansible_facts``: one entry per interface with ``ipv4`` and ``ipv4_secondaries``).
-    Every entry is searched, whatever its key: no fact name is derived from an interface name
-    (ansible-core keeps a VLAN's dot, ``enp3s0.10``; module_utils/interfaces.py has
-    the rule). Raises ValueError when no interface holds it.
-    """
+    """The IPv4 subnet (CIDR) of the interface that holds ``address``, searching every entry of
+    Ansible's network facts (``ipv4`` and ``ipv4_secondaries``). ValueError when none holds it."""
     for entry in facts.values():
         if not isinstance(entry, dict):
             continue

@@ -9,16 +9,9 @@ _FILE_LINE = re.compile(r"^# (/\S+\.conf)$")
 
 
 def logind_settings(cat_config: str, section: str = "Login") -> dict[str, dict[str, str]]:
-    """The merged logind settings from ``systemd-analyze cat-config systemd/logind.conf``.
-
-    cat-config prints every file logind reads, in the order it applies them (the main file, then
-    the drop-ins of /etc, /run, /usr/local/lib and /usr/lib sorted by file name across the folders,
-    a name in /etc hiding the same name elsewhere: systemd's standard-conf rules), each after a
-    ``# /path`` line. A later assignment wins.
-
-    Returns:
-        ``{key: {"value": str, "file": path}}`` for every key set in ``[section]``.
-    """
+    """``{key: {"value", "file"}}`` of every key set in ``[section]`` of ``systemd-analyze
+    cat-config systemd/logind.conf`` (every file in the order logind applies them, each after a
+    ``# /path`` line): a later assignment wins."""
     merged: dict[str, dict[str, str]] = {}
     path, current = "", None
     for raw in (cat_config or "").splitlines():

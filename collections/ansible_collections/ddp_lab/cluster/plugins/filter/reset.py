@@ -10,11 +10,9 @@ from ansible_collections.ddp_lab.cluster.plugins.module_utils.hostvars import ag
 
 
 def reset_stopped_jobs(hosts: Iterable[str], hostvars: Mapping[str, Any], check: Any = False) -> list[str]:
-    """One line per run whose agent ran on some of ``hosts`` when the reset stopped it (module_utils
-    hostvars.agent_ran_hosts; the run: the node's ``ddp_job_status`` run id, else
-    ``ddp_lab_run_id``), e.g. ``would stop run R on laptop-a, laptop-b (--check: nothing was
-    stopped)`` under ``check``, else ``stopped run R on laptop-a, laptop-b (SIGTERM: emergency
-    checkpoints, removed with the state folder unless collected before)``; [] when none ran."""
+    """One line per run whose agent ran on some of ``hosts`` when the reset stopped it
+    (``agent_ran_hosts``; the run: the node's ``ddp_job_status`` run id, else ``ddp_lab_run_id``),
+    ``stopped run R on laptop-a, laptop-b (...)`` or, under ``check``, ``would stop ...``."""
     runs: dict[str, list[str]] = {}
     for host in agent_ran_hosts(hosts, hostvars):
         vars_ = hostvars.get(host, {})

@@ -1,12 +1,7 @@
-"""Filters of the validate role: turn what the read-only checks read into facts (routes, lock
-holders, clock offsets, unit properties, the doctor's table) and judge a resume
-(:func:`resume_plan`); the action plugin validate_check (plugins/action/validate_check.py) builds
-every check record from them. :data:`SETTINGS`: the role's rules for its own settings.
-
-Every function is pure (no I/O besides importing the training package's config module) and is
-unit-tested in tests/test_role_filters.py, tests/test_bad_input_preflight.py and
-tests/test_validate_check.py.
-"""
+"""Filters of the validate role: what the read-only checks read, as facts (routes, lock holders,
+clock offsets, unit properties, the doctor's table), and the judgement of a resume
+(:func:`resume_plan`); the helpers the action ``validate_check`` builds its records with.
+:data:`SETTINGS`: the role's rules for its own settings. Every function is pure."""
 
 from __future__ import annotations
 
@@ -17,6 +12,7 @@ import json
 import os
 import re
 import shlex
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -28,29 +24,24 @@ from rich.table import Table
 from rich.text import Text
 
 
-def shared_values(values: dict) -> list[str]:
-    """Groups of keys that map to the same value, as text: ``["a and b share 10.0.0.5"]``.
-
-    ``values``: ``{host: value}``; None and empty values are ignored. Order follows the dict.
-    """
-    seen: dict[str, list[str]] = {}
-    for key, value in values.items():
-        if value in (None, ""):
-            continue
-        seen.setdefault(str(value), []).append(str(key))
-    return [f"{' and '.join(keys)} share {value}" for value, keys in seen.items() if len(keys) > 1]
-
-
-def sharing_keys(values: dict) -> dict[str, list[str]]:
-    """``{key: [other keys with the same value]}`` for every key whose value is not unique.
-
-    ``values`` as in :func:`shared_values`; keys with a unique (or empty) value are left out.
-    """
+def _shared(values: dict) -> dict[str, list[str]]:
+    """``{value: [keys]}`` of the values of ``values`` (``{host: value}``; None and '' ignored) that
+    more than one key has, in the dict's order."""
     seen: dict[str, list[str]] = {}
     for key, value in values.items():
         if value not in (None, ""):
             seen.setdefault(str(value), []).append(str(key))
-    return {key: [k for k in keys if k != key] for keys in seen.values() if len(keys) > 1 for key in keys}
+    return {value: keys for value, keys in seen.items() if len(keys) > 1}
+
+
+def shared_values(values: dict) -> list[str]:
+    """:func:`_shared` as text: ``["a and b share 10.0.0.5"]``."""
+    return [f"{' and '.join(keys)} share {value}" for value, keys in _shared(values).items()]
+
+
+def sharing_keys(values: dict) -> dict[str, list[str]]:
+    """``{key: [other keys with the same value]}`` for every key of :func:`_shared`."""
+    return {key: [k for k in keys if k != key] for keys in _shared(values).values() for key in keys}
 
 
 def connection_targets(hosts: list, hostvars) -> dict:
@@ -63,7 +54,7 @@ def connection_targets(hosts: list, hostvars) -> dict:
 
 
 def is_loopback(address) -> bool:
-    """True for an IPv4/IPv6 loopback address (127.0.0.0/8, ::1); False for anything else."""
+    """True for an IPv4/IPv6 loopback address; False for anything else."""
     try:
         return ipaddress.ip_address(str(address).strip()).is_loopback
     except ValueError:
@@ -109,16 +100,14 @@ def resume_plan(nodes: dict, run_id: str, given_vars: dict, looked_in: str = "")
     """What a resume of ``run_id`` trains with, judged before anything starts.
 
     ``nodes``: trainer -> ``{checkpoints: [file names in runs/<run_id>/checkpoints], run_json: the
-    text of its runs/<run_id>/run.json ('' when missing)}``; ``given_vars``: the variables the user
-    set (a host's ``hostvars``: inventory, -e and facts, no role defaults), of which
-    :data:`RESUME_VARS` and ``ddp_job_train_overrides`` are read; ``looked_in``: the checkpoint
-    folder, for the message.
+    text of its run.json ('' when missing)}``; ``given_vars``: the variables the user set (a host's
+    ``hostvars``), of which :data:`RESUME_VARS` and ``ddp_job_train_overrides`` are read;
+    ``looked_in``: the checkpoint folder, for the message.
 
-    Returns ``{problems, warnings, settings, changes, engine, step, holders}``: ``problems`` one
-    line each (none: go ahead); ``settings`` the run.json keys the resume takes from the run
-    (``ddplab.config.resume_plan``, the run's run.json as the nodes that hold its checkpoints
-    keep it); ``changes`` the given values that differ from the run's; ``engine`` the run's
-    recovery engine (None when unknown); ``step`` the newest checkpoint step on any node.
+    Returns ``{problems, warnings, settings, changes, engine, step, holders}``: ``problems`` one line
+    each (none: go ahead); ``settings`` the run.json keys taken from the run
+    (``ddplab.config.resume_plan``); ``changes`` the given values that differ from the run's;
+    ``engine`` the run's engine (None: unknown); ``step`` the newest checkpoint step on any node.
     """
     out: dict = {"problems": [], "warnings": [], "settings": {}, "changes": [], "engine": None,
                  "step": None, "holders": []}
@@ -179,21 +168,12 @@ def route_info(stdout: str) -> dict:
     return {"dev": dev.group(1) if dev else None, "src": src.group(1) if src else None}
 
 
-def _major_minor(dev: int) -> tuple[int, int]:
-    return os.major(int(dev)), os.minor(int(dev))
-
-
 def lock_holders(proc_locks: str, files: list) -> list[dict]:
-    """Processes that hold a lock on one of ``files``, read from ``/proc/locks``.
-
-    ``files``: ``find`` results (``path``, ``dev``, ``inode``). A ``/proc/locks`` line reads
-    ``1: POSIX  ADVISORY  WRITE 812 08:02:1311 0 EOF`` (pid, major:minor in hex, inode);
-    ``->`` lines are waiters, not holders. Returns ``[{path, pid}]`` (pid as int).
-    """
-    wanted = {}
-    for f in files or []:
-        major, minor = _major_minor(f["dev"])
-        wanted[(major, minor, int(f["inode"]))] = f["path"]
+    """``[{path, pid}]`` of the processes that hold a lock on one of ``files`` (``find`` results:
+    ``path``, ``dev``, ``inode``), from ``/proc/locks`` (``1: POSIX  ADVISORY  WRITE 812 08:02:1311 0
+    EOF``: pid, major:minor in hex, inode; ``->`` lines are waiters)."""
+    wanted = {(os.major(int(f["dev"])), os.minor(int(f["dev"])), int(f["inode"])): f["path"]
+              for f in files or []}
     holders = []
     for line in (proc_locks or "").splitlines():
         fields = line.split()
@@ -209,14 +189,10 @@ def lock_holders(proc_locks: str, files: list) -> list[dict]:
 
 
 def clock_offset(date_time: dict, before: float, after: float) -> dict:
-    """A node's clock against the controller's.
-
-    ``date_time``: the node's ``ansible_date_time`` fact (``epoch_int`` + ``iso8601_micro``, UTC);
-    ``before``/``after``: the controller's epoch seconds just before and after the node read its
-    clock. Returns ``{offset_s, uncertainty_s, beyond_s}``: the offset of the node from the middle
-    of that interval (+ = node ahead), half the interval, and by how much the node's time lies
-    outside the interval at least (0 when inside: no skew can be shown).
-    """
+    """A node's clock (``date_time``: its ``ansible_date_time`` fact) against the controller's epoch
+    seconds ``before`` and ``after`` it was read: ``{offset_s, uncertainty_s, beyond_s}``, the
+    offset from the middle of that interval (+ = node ahead), half the interval, and how far outside
+    the interval the node's time lies (0 when inside)."""
     stamp = datetime.strptime(date_time["iso8601_micro"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
     node = stamp.timestamp()
     before, after = float(before), float(after)
@@ -245,11 +221,8 @@ def unit_environment(props: dict[str, str]) -> dict[str, str]:
 
 
 def interface_addresses(stdout: str) -> list[dict]:
-    """Addresses of ``ip -o addr show dev IF``, in the kernel's order: ``[{family, address, label}]``.
-
-    ``family`` is ``inet`` or ``inet6``; ``label`` is the IPv4 address's label (``eth0`` or
-    ``eth0:1``; the name ``getifaddrs`` reports), for IPv6 the interface name.
-    """
+    """Addresses of ``ip -o addr show dev IF`` in the kernel's order: ``[{family, address, label}]``
+    (``family`` inet | inet6; ``label`` the IPv4 address's label, ``eth0:1``, for IPv6 the interface)."""
     found = []
     for line in (stdout or "").splitlines():
         head = line.split("\\", 1)[0].split()
@@ -262,8 +235,7 @@ def interface_addresses(stdout: str) -> list[dict]:
 
 def gloo_ifname_address(addresses: list[dict], ifname: str) -> str | None:
     """The address gloo binds for ``GLOO_SOCKET_IFNAME=ifname``: the first ``getifaddrs`` entry
-    named ``ifname`` (IPv4 entries come before IPv6 ones; a labelled IPv4 address is named by its
-    label, so it does not match). None when the interface has no address under that name."""
+    named ``ifname``, IPv4 first (a labelled IPv4 address does not match); None without one."""
     for family in ("inet", "inet6"):
         for entry in addresses:
             if entry["family"] == family and entry["label"] == ifname:
@@ -273,12 +245,8 @@ def gloo_ifname_address(addresses: list[dict], ifname: str) -> str | None:
 
 def unit_launch(show: str) -> dict:
     """What the node's last agent launch passed, from ``systemctl show UNIT -p
-    LoadState,ExecStart,Environment``: ``{loaded, local_addr, rdzv_endpoint, gloo_socket_ifname}``.
-
-    ``ExecStart`` is read by the training package's one parser of it (``ddplab.units``, which
-    ``ddplab.status`` uses on the nodes); ``Environment`` is space-separated ``KEY=VALUE`` words.
-    Values not passed are None.
-    """
+    LoadState,ExecStart,Environment`` (``ExecStart`` read by ``ddplab.units``): ``{loaded, local_addr,
+    rdzv_endpoint, gloo_socket_ifname}``, None where not passed."""
     props = show_props(show)
     argv = ddplab_units.exec_start_argv(props.get("ExecStart", ""))
     env = unit_environment(props)
@@ -317,29 +285,14 @@ def check_table(results: list, title: str) -> str:
 
 def path_chain(path: str) -> list[str]:
     """``/var/lib/ddp-lab`` -> ``["/var/lib/ddp-lab", "/var/lib", "/var", "/"]`` (absolute paths)."""
-    current = Path(str(path))
-    chain = [str(current)]
-    while current.parent != current:
-        current = current.parent
-        chain.append(str(current))
-    return chain
+    return [str(p) for p in (Path(str(path)), *Path(str(path)).parents)]
 
 
-def odd_ones(values: dict, prefer=None) -> dict:
-    """The most common value of ``{host: value}`` and the hosts that differ from it.
-
-    None values are ignored. Ties go to ``prefer`` when it is among them, else to the value seen
-    first. Returns ``{reference, odd: [hosts]}`` (reference None when every value is None).
-    """
-    counts: dict = {}
-    for value in values.values():
-        if value is not None:
-            counts[value] = counts.get(value, 0) + 1
-    if not counts:
-        return {"reference": None, "odd": []}
-    best = max(counts.values())
-    tied = [v for v, c in counts.items() if c == best]
-    reference = prefer if prefer in tied else tied[0]
+def odd_ones(values: dict) -> dict:
+    """``{reference, odd}``: the most common value of ``{host: value}`` (None ignored; a tie goes
+    to the value seen first; None when every value is None) and the hosts that differ from it."""
+    counts = Counter(v for v in values.values() if v is not None)
+    reference = counts.most_common(1)[0][0] if counts else None
     return {"reference": reference, "odd": [h for h, v in values.items() if v is not None and v != reference]}
 
 

@@ -6,11 +6,8 @@ import base64
 
 
 def wifi_radios_to_block(results: list) -> list[str]:
-    """rfkill switch folders of type ``wlan`` whose ``soft`` state is 0 (radio on).
-
-    ``results``: the ``results`` of an ``ansible.builtin.slurp`` loop over ``(folder, attr)``
-    pairs (``item`` = ``[{"path": folder}, "type" | "soft"]``, ``content`` base64).
-    """
+    """rfkill switch folders of type ``wlan`` whose ``soft`` state is 0 (radio on), from the
+    ``results`` of a ``slurp`` loop over ``[{"path": folder}, "type" | "soft"]`` items."""
     attrs: dict[str, dict[str, str]] = {}
     for res in results:
         if res.get("skipped") or "content" not in res:

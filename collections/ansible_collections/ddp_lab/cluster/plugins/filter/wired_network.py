@@ -14,20 +14,15 @@ _RTT = re.compile(r"=\s*[0-9.]+/([0-9.]+)/[0-9.]+")
 
 
 def ping_rtt_ms(stdout: str) -> float | None:
-    """Mean round-trip time in ms from iputils ``ping -q`` output, None when nothing came back.
-
-    Reads the summary line ``rtt min/avg/max/mdev = 0.045/0.061/0.080/0.013 ms``.
-    """
+    """Mean round-trip time in ms from iputils ``ping -q``'s ``rtt min/avg/max/mdev = ...`` line,
+    None when nothing came back."""
     match = _RTT.search(stdout or "")
     return float(match.group(1)) if match else None
 
 
 def rtt_table(matrix: dict, count: int = 3) -> list[str]:
-    """Render ``{from_host: {to_host: ms | None}}`` as a text table (``rich``, no colour codes): a
-    title line, the column heads, then one row per host.
-
-    The diagonal shows ``-``, a pair without any reply ``x``. Hosts keep the dict's order.
-    """
+    """``{from_host: {to_host: ms | None}}`` as text lines: a title, the column heads, one row per
+    host in the dict's order (``-`` on the diagonal, ``x`` for no reply)."""
     hosts = list(matrix)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     table.add_column("from \\ to")

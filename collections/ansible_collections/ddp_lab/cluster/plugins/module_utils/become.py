@@ -1,5 +1,4 @@
-"""Become that needs a password which was not given (``-K`` missing), or was given wrong, in one
-line for people: one rule for validate's ``become`` check and node_status's state read."""
+"""Become that needs a password which was not given (``-K`` missing), or was given wrong, in one line."""
 
 from __future__ import annotations
 
@@ -7,11 +6,10 @@ from typing import Any
 
 
 def become_problem(become: Any, text: str, user: Any = None) -> str:
-    """One line when ``text`` (a failed command's error, over the connection whose become plugin is
-    ``become``) says become needs a password that was not given (``-K`` missing), or was given
-    wrong; "" otherwise. Read with the become plugin's own prompts (``check_missing_password``,
-    ``check_incorrect_password``: sudo's "a password is required", su's ...) and the line Ansible
-    raises over ssh (``Missing sudo password``). ``user``: the connecting account, for the line."""
+    """One line when ``text`` (a failed command's error over the connection whose become plugin is
+    ``become``) says become needs a password that was not given, or was given wrong (the plugin's
+    own ``check_missing_password`` / ``check_incorrect_password``, or Ansible's ``Missing sudo
+    password``); "" otherwise. ``user``: the connecting account, for the line."""
     if become is None:
         return ""
     name = str(getattr(become, "name", "become")).rsplit(".", 1)[-1]

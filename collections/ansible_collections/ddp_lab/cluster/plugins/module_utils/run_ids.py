@@ -1,6 +1,5 @@
 """The run id: its form (:data:`RUN_ID`), the variables that take one, a fresh id, and which run a
-playbook acts on (:func:`resolve_run_id`). The one home of these rules, for the ddp_lab role's
-filters (``tasks/run_id.yml``) and validate's checks."""
+playbook acts on (:func:`resolve_run_id`)."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ from typing import Any
 # --rdzv-id: no '/', and no leading '.' ('.', '..' and the controller's runs/.rdzv, runs/.live).
 RUN_ID = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$")
 RUN_ID_RULE = "1-64 of the characters A-Z a-z 0-9 . _ -, not starting with '.'"
-# The variables that take a run id: the playbooks' -e run_id (status, attach, logs, kill-node, report) and
-# the roles' settings. The one list the checks of their form read (tasks/run_id.yml, roles/validate).
+# The variables that take a run id: the playbooks' -e run_id and the roles' settings.
 RUN_ID_VARS = ("run_id", "ddp_job_resume_run_id", "ddp_job_run_id", "collect_run_id", "fault_run_id",
                "report_run_id")
 SOURCES = ("link", "nodes", "new")
@@ -26,8 +24,7 @@ SOURCES = ("link", "nodes", "new")
 
 def run_id_problem(value: Any, name: str = "run id") -> str:
     """'' when ``value`` is a run id (:data:`RUN_ID`) or not given ('' or None), else one line naming
-    ``name`` (the variable), the value, the form and the fix, e.g. ``ddp_job_resume_run_id '../etc'
-    is not a run id: ...; fix: ...``. Checked before any path is built from the value."""
+    ``name`` (the variable), the value, the form and the fix."""
     text = "" if value is None else str(value).strip()
     if not text or RUN_ID.match(text):
         return ""
@@ -39,12 +36,10 @@ def run_id_problem(value: Any, name: str = "run id") -> str:
 def run_id_problems(candidates: Any, given: Mapping[str, Any] | None = None) -> list[str]:
     """One line (:func:`run_id_problem`) per bad run id among ``candidates`` (a list, or one id),
     each named by the first variable of :data:`RUN_ID_VARS` that holds it in ``given`` (a host's
-    vars, e.g. ``hostvars[inventory_hostname]``; else "run id"). [] when every one is good."""
-    if isinstance(candidates, (str, bytes)) or candidates is None:
-        candidates = [candidates]
+    vars; else "run id")."""
     given = given if isinstance(given, Mapping) else {}
     lines = []
-    for value in candidates:
+    for value in _listed(candidates):
         text = "" if value is None else str(value).strip()
         names = [n for n in RUN_ID_VARS if n in given and str(given.get(n) or "").strip() == text]
         line = run_id_problem(text, names[0] if names else "run id")
@@ -53,19 +48,20 @@ def run_id_problems(candidates: Any, given: Mapping[str, Any] | None = None) -> 
     return lines
 
 
-def new_run_id(now: datetime | None = None, token: str | None = None) -> str:
-    """A fresh run id ``<UTC date>-<time>-<4 hex>``, e.g. ``20261129-171502-3fa1``.
+def _listed(candidates: Any) -> list:
+    """``candidates`` as a list: one id (or None) alone."""
+    return [candidates] if isinstance(candidates, (str, bytes)) or candidates is None else list(candidates)
 
-    ``now`` (aware or naive-UTC datetime) and ``token`` (4 hex digits) are for tests; by default the
-    current UTC time and 16 random bits (``secrets.token_hex(2)``).
-    """
+
+def new_run_id(now: datetime | None = None, token: str | None = None) -> str:
+    """A fresh run id ``<UTC date>-<time>-<4 hex>``, e.g. ``20261129-171502-3fa1``, of ``now``
+    (default the current time) and ``token`` (default 16 random bits)."""
     when = (now or datetime.now(UTC)).astimezone(UTC)
     return f"{when:%Y%m%d-%H%M%S}-{token or secrets.token_hex(2)}"
 
 
 def _node_run(result: Any) -> str:
-    """The run id in a ``slurp`` result of a node's ``current_run`` ('' when skipped, unreadable,
-    unreachable or not base64)."""
+    """The run id in a ``slurp`` result of a node's ``current_run`` ('' when there is none)."""
     if not isinstance(result, Mapping) or not result.get("content"):
         return ""
     try:
@@ -86,11 +82,9 @@ def resolve_run_id(candidates: Any, sources: Iterable[str] = (), link: Any = Non
     - ``new``: a fresh id (:func:`new_run_id`).
 
     Returns '' when nothing yields one. Raises ValueError for an unknown source, or when the id found
-    is not a run id (:data:`RUN_ID`: it names folders and the rendezvous).
+    is not a run id (:data:`RUN_ID`).
     """
-    if isinstance(candidates, (str, bytes)) or candidates is None:
-        candidates = [candidates]
-    found = next((str(c).strip() for c in candidates if c is not None and str(c).strip()), "")
+    found = next((str(c).strip() for c in _listed(candidates) if c is not None and str(c).strip()), "")
     for source in sources if not found else ():
         if source not in SOURCES:
             raise ValueError(f"ddp_lab_run_id: unknown source {source!r}; known: {', '.join(SOURCES)}")

@@ -1,16 +1,12 @@
 """Settings judged by their roles' own contracts, one line per problem: the role's argument spec
-(``meta/argument_specs.yml``, entry point ``main``: types and choices) and its rules, ``SETTINGS``
-of the role's filter module (``ansible_collections.ddp_lab.cluster.plugins.filter.<role>``).
+(``meta/argument_specs.yml``, entry point ``main``) and the ``SETTINGS`` rules of its filter module
+(``ansible_collections.ddp_lab.cluster.plugins.filter.<role>``), for the action ``settings``.
 
 A rule is a range ``{name, min?, above?, max?, why?}`` (``min``/``max`` inclusive, ``above``
-exclusive) or a check of settings together ``{check, run, reads, trainers?, unless?}``: ``run(host,
-**args)`` returns a record, ``args`` maps each of its arguments to the value of the variable
-``reads`` names for it, and ``trainers`` (with ``trainers: true``) to how many trainers the inventory
-has (0 when unknown or broken: the check is left out); ``unless``: a variable that, when set, leaves
-the check to another (a resume's run configuration: validate's resume check).
-
-Used by the action ``settings``: a role's preflight (its own rules), validate's per-trainer rows and
-validate's early check of everything given (:func:`given`).
+exclusive) or a check of settings together ``{check, run, reads, trainers?, unless?}``:
+``run(host, **args)`` returns a record, each argument the value of the variable ``reads`` names
+for it, plus ``trainers`` (how many the inventory has; 0: the check is left out) with
+``trainers: true``; the check is left out while the variable ``unless`` is set.
 """
 
 from __future__ import annotations
@@ -31,10 +27,14 @@ def record(check: str, problem: str | None, ok_detail: str, status: str = "fail"
     return {"check": check, "status": status if problem else "ok", "detail": problem or ok_detail}
 
 
+def _main(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The options of a parsed argument_specs.yml's ``main`` entry point."""
+    return spec["argument_specs"]["main"].get("options") or {}
+
+
 def spec_options(specs: Mapping[str, Any]) -> dict[str, tuple[str, dict]]:
-    """``{variable: (role, option)}`` of every role's ``main`` entry point (``specs``: ``{role:
-    parsed argument_specs.yml}``), the option without its default, description and ``required``
-    (a setting required where its role runs need not be set everywhere); sub-options alike."""
+    """``{variable: (role, option)}`` of every role's ``main`` options (``specs``: ``{role: parsed
+    argument_specs.yml}``), without default, description and ``required``; sub-options alike."""
     def strip(option: Mapping[str, Any]) -> dict:
         out = {k: v for k, v in option.items()
                if k not in ("default", "description", "version_added", "required")}
@@ -43,19 +43,17 @@ def spec_options(specs: Mapping[str, Any]) -> dict[str, tuple[str, dict]]:
         return out
 
     return {name: (role, strip(option)) for role, spec in specs.items()
-            for name, option in (spec["argument_specs"]["main"].get("options") or {}).items()}
+            for name, option in _main(spec).items()}
 
 
 def spec_defaults(specs: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """``{role: {variable: default}}`` of the ``main`` options that have one (templates unrendered)."""
-    return {role: {name: option["default"] for name, option in
-                   (spec["argument_specs"]["main"].get("options") or {}).items() if "default" in option}
+    return {role: {name: option["default"] for name, option in _main(spec).items() if "default" in option}
             for role, spec in specs.items()}
 
 
 def role_rules(roles: Sequence[str]) -> list[dict]:
-    """The rules (``SETTINGS``) of each role's filter module, in the order of ``roles``; a role
-    without a filter module or without rules has none."""
+    """The ``SETTINGS`` of each role's filter module, in the order of ``roles`` (none without)."""
     rules: list[dict] = []
     for role in roles:
         try:
@@ -82,8 +80,7 @@ def _want(option: Mapping[str, Any]) -> str:
 
 def type_problem(name: str, value: Any, options: Mapping[str, tuple[str, dict]]) -> str:
     """'' or what is wrong with ``value`` of ``name`` and the fix: its form for a run id
-    (module_utils/run_ids.py), else Ansible's own words on its type (``ArgumentSpecValidator``, as
-    a role's argument check at its start) and the type its role wants."""
+    (module_utils/run_ids.py), else Ansible's own words on its type (``ArgumentSpecValidator``)."""
     if name in run_ids.RUN_ID_VARS:
         problem = run_ids.run_id_problem(value, name)
         if problem:  # "<name> '<value>' is not a run id: <form>; fix: ..." without the name
@@ -98,9 +95,8 @@ def type_problem(name: str, value: Any, options: Mapping[str, tuple[str, dict]])
 
 def range_problems(values: Mapping[str, Any], rules: Sequence[Mapping[str, Any]],
                    skip: Sequence[str] = ()) -> list[str]:
-    """Range violations, one text each: ``"ddp_job_stop_timeout_s = 0 must be > 0"``. Rules that are
-    no range, names missing from ``values`` (or None there) or in ``skip`` (their type failed)
-    are left out; a value that is not a number is reported as such."""
+    """Range violations, one text each: ``"ddp_job_stop_timeout_s = 0 must be > 0"``, or ``... is not
+    a number``; names missing from ``values`` (or None there) or in ``skip`` are left out."""
     out = []
     for rule in rules:
         name = rule.get("name")
@@ -124,9 +120,8 @@ def range_problems(values: Mapping[str, Any], rules: Sequence[Mapping[str, Any]]
 
 
 def left_out(rule: Mapping[str, Any], values: Mapping[str, Any], bad: Sequence[str], trainers: int) -> bool:
-    """Whether the check ``rule`` is left out: a setting it reads failed its type (its one line says
-    so already), it needs the trainers and their number is not known (``trainers`` 0), or its
-    ``unless`` variable is set."""
+    """Whether the check ``rule`` is left out: a setting it reads is in ``bad`` (its type failed),
+    it needs the trainers and ``trainers`` is 0, or its ``unless`` variable is set."""
     failed_type = set(rule["reads"].values()) & set(bad)
     return bool(failed_type or (rule.get("trainers") and not trainers) or values.get(rule.get("unless")))
 
@@ -139,9 +134,8 @@ def run_check(host: str, rule: Mapping[str, Any], values: Mapping[str, Any], tra
 
 def judge(host: str, values: Mapping[str, Any], rules: Sequence[Mapping[str, Any]], trainers: int = 0,
           bad: Sequence[str] = ()) -> list[dict]:
-    """One host's settings (``values``: every setting the rules read, as the host has it) against
-    ``rules``: one ``ranges`` record per violation (else one ok record), then each check's record;
-    ``bad``: settings whose type failed, left out."""
+    """One host's ``values`` against ``rules``: one ``ranges`` record per violation (else one ok
+    record), then each check's record; ``bad``: settings whose type failed, left out."""
     found = [record("ranges", f"{host}: {p}; {FIX}", "") for p in range_problems(values, rules, bad)]
     out = found or [record("ranges", None, "ports in 1024-65535; timeouts, intervals and counts in range")]
     return out + [run_check(host, r, values, trainers) for r in rules
@@ -151,9 +145,8 @@ def judge(host: str, values: Mapping[str, Any], rules: Sequence[Mapping[str, Any
 def host_records(host: str, given: Mapping[str, Any], values: Mapping[str, Any],
                  options: Mapping[str, tuple[str, dict]], rules: Sequence[Mapping[str, Any]],
                  trainers: int = 0) -> list[dict]:
-    """One host's rows: the types of the settings it is given (``given``: inventory, group_vars,
-    -e; one fail record per problem, with ``name``, else one ok record), then :func:`judge` of its
-    settings (``values``: given, else their roles' defaults)."""
+    """One host's rows: the types of the settings it is ``given`` (one fail record with ``name`` per
+    problem, else one ok record), then :func:`judge` of ``values`` (given, else the defaults)."""
     bad = {n: p for n in sorted(given) if (p := type_problem(n, given[n], options))}
     types = [{"check": "types", "status": "fail", "name": n, "detail": f"{host}: {n}={given[n]!r}: {p}"}
              for n, p in bad.items()]
@@ -165,24 +158,15 @@ def given(options: Mapping[str, tuple[str, dict]], rules: Sequence[Mapping[str, 
           hosts: Mapping[str, Mapping[str, Any]], extra: Mapping[str, Any],
           defaults: Mapping[str, Any] | None = None, trainers: int = 0,
           per_host_e: Sequence[str] = ()) -> list[dict]:
-    """The settings given, judged once on the controller before any role starts anywhere.
+    """The settings given, judged once before any role starts: ``extra`` (-e, the same on every
+    host) and ``hosts`` (``{host: {variable: value}}`` from the inventory; ``per_host_e``: -e
+    templates each host renders its own way, named "-e, as rendered there"), with ``options``
+    (:func:`spec_options`), ``rules``, ``defaults`` (rendered) and ``trainers``.
 
-    Args:
-        options: :func:`spec_options` of the roles whose settings are judged; rules: their rules.
-        hosts: ``{host: {variable: value}}`` each inventory host is given (host_vars, group_vars),
-            -e ones left out.
-        extra: ``{variable: value}`` given with -e (the same on every host).
-        defaults: the roles' defaults (rendered), for a check's settings that are not given.
-        trainers: how many trainers the inventory has.
-        per_host_e: variables given with -e as a template each host renders its own way (in
-            ``hosts``, not ``extra``; named "-e, as rendered there" instead of "inventory").
-
-    Returns:
-        One fail record per problem (check ``given``), ``detail`` one line: an -e value once (``-e
-        NAME=VALUE: ...``) against its type or run id form, its range and each check it alone decides
-        (every setting the check reads given with -e or set on no host, so its role's default); an
-        inventory value of the wrong type or form once for the hosts that share it (``t-a, t-b:
-        NAME=VALUE (inventory): ...``). Else one ok record.
+    Returns one fail record (check ``given``) per problem: an -e value once (``-e NAME=VALUE: ...``)
+    against its type or run id form, its range and each check it alone decides (every setting the
+    check reads given with -e or set on no host); an inventory value of the wrong type once for the
+    hosts that share it (``t-a, t-b: NAME=VALUE (inventory): ...``). Else one ok record.
     """
     names = set(options) | set(run_ids.RUN_ID_VARS)
     failed, bad = [], set()

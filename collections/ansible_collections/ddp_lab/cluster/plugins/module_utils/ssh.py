@@ -1,6 +1,5 @@
-"""A node whose SSH host key changed, in one line for people: OpenSSH's multi-line refusal (its
-``@@@`` banner, cut to its first line wherever one line is shown) becomes the node, the key it
-offers now, the known_hosts line it contradicts and the fix."""
+"""A node whose SSH host key changed, in one line: OpenSSH's multi-line refusal becomes the key the
+node offers now, the known_hosts line it contradicts and the fix."""
 
 from __future__ import annotations
 
@@ -15,11 +14,9 @@ LAB_FIX = "make lab-up (it reads the lab nodes' host keys again into lab/.state/
 
 
 def host_key_changed(text: str, lab: bool = False) -> str:
-    """What to say of a node whose SSH host key is not the one known_hosts holds (``text``: ssh's
-    error output), after the node's name: ``SSH host key changed (the node now offers ED25519 key
-    SHA256:...; known_hosts: FILE line N); fix: ...``; '' when ``text`` is not that refusal.
-    ``lab``: the node is a lab container (its keys are made at its first boot; the lab reads them
-    into its own known_hosts)."""
+    """``SSH host key changed (the node now offers ED25519 key SHA256:...; known_hosts: FILE line N);
+    fix: ...`` from ssh's error output ``text``; '' when it is not that refusal. ``lab``: the node
+    is a lab container (the fix is the lab's)."""
     text = str(text or "")
     if not CHANGED.search(text):
         return ""
