@@ -10,7 +10,7 @@ def test_default_is_the_small_cpu_config():
     cfg = TrainConfig().validate()
     assert (cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.per_rank_batch_size, cfg.dropout) == (
         4, 4, 128, 64, 12, 0.0)
-    assert cfg.preset == "small" and cfg.pg_timeout_s == 60.0
+    assert cfg.preset == "small" and cfg.pg_timeout_s == 60.0 and cfg.peer_timeout_s == 5.0
     assert build_config() == cfg
 
 
@@ -50,6 +50,7 @@ def test_integral_json_floats_are_accepted_for_ints():
     ({"preset": "huge"}, "'preset' = 'huge'"),
     ({"base_lr": 0}, "'base_lr' = 0.0: must be a number > 0"),
     ({"pg_timeout_s": -5}, "'pg_timeout_s' = -5.0"),
+    ({"peer_timeout_s": 0.5}, "'peer_timeout_s' = 0.5: must be a number >= 1 (seconds) or null"),
     ({"dropout": 1.5}, "'dropout' = 1.5: must be a number in [0, 1)"),
     ({"min_lr_ratio": 2}, "'min_lr_ratio'"),
     ({"warmup_steps": 100, "max_steps": 100}, "'warmup_steps' = 100: must be smaller than max_steps"),

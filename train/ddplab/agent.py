@@ -265,8 +265,8 @@ class StoreReconnect:
         if self.handler is not None:
             self.handler._store = store
         self.reconnects += 1
-        _log(f"reconnected to the rendezvous store {self.host}:{self.port} (it was restarted: "
-             "the rendezvous state starts over there; the workers train on)")
+        _log(f"reconnected to the rendezvous store {self.host}:{self.port} (the connection had failed: "
+             "the store was restarted, its state starts over, or it was out of reach)")
 
 
 def _create_watched_handler(params: Any) -> MembershipWatchedHandler:

@@ -131,6 +131,10 @@ class TrainConfig:
     sample_chars: int = 500
     # runtime
     pg_timeout_s: float = 60.0
+    # torchelastic: a peer whose network stack answers nothing for this long (sent data not
+    # acknowledged, keepalive probes unanswered: cut off or powered off) is given up on as if it
+    # had crashed (ddplab.distributed.bound_unanswered); null: wait for pg_timeout_s
+    peer_timeout_s: float | None = 5.0
     seed: int = 1337
     threads: int | None = None
     # checkpoints were found but none is usable: start over (True) or stop with an error (False)
@@ -221,6 +225,8 @@ class TrainConfig:
         if self.adopt_run_id is not None and (not isinstance(self.adopt_run_id, str)
                                               or not self.adopt_run_id.strip()):
             raise bad("adopt_run_id", "must be a run id (of the checkpoints to continue from) or null")
+        if self.peer_timeout_s is not None and (not _is_real(self.peer_timeout_s) or self.peer_timeout_s < 1):
+            raise bad("peer_timeout_s", "must be a number >= 1 (seconds) or null (= wait for pg_timeout_s)")
         for key in ("base_lr", "pg_timeout_s", "divergence_margin", "bucket_cap_mb"):
             value = getattr(self, key)
             if not _is_real(value) or value <= 0:

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
+import psutil
 import torch
 import torch.distributed as dist
 
@@ -134,18 +135,74 @@ def gloo_backend(env: DistEnv) -> str:
     return register_bound_gloo(env.gloo_addr) if env.gloo_addr else "gloo"
 
 
-def init_process_group(env: DistEnv, timeout_s: float) -> None:
+def init_process_group(env: DistEnv, timeout_s: float, peer_timeout_s: float | None = None) -> None:
     """Join the gloo process group (env:// rendezvous from torchrun) with an explicit timeout.
 
     gloo's default timeout is 30 min: a peer that vanishes without a TCP reset would stall the
     survivors that long, so every collective here fails after ``timeout_s`` instead. With
-    ``env.gloo_addr`` gloo binds exactly that address (:func:`gloo_backend`).
+    ``env.gloo_addr`` gloo binds exactly that address (:func:`gloo_backend`). With
+    ``peer_timeout_s``, every TCP connection the group's start opened (gloo's pairs, the env://
+    store) gives up on a peer whose network stack answers nothing for that long
+    (:func:`bound_unanswered`).
     """
     if env.distributed and not dist.is_initialized():
+        before = tcp_connections() if peer_timeout_s else set()
         dist.init_process_group(
             backend=gloo_backend(env), rank=env.rank, world_size=env.world_size,
             timeout=timedelta(seconds=timeout_s),
         )
+        if peer_timeout_s:
+            bound_unanswered(tcp_connections() - before, peer_timeout_s)
+
+
+#: Keepalive probes of :func:`bound_unanswered`: one per second, this many unanswered before the
+#: connection is given up on (the first one at ``peer_timeout_s`` minus this).
+KEEPALIVE_PROBES = 3
+
+
+def tcp_connections() -> set[int]:
+    """File descriptors of this process's established TCP connections (psutil)."""
+    return {c.fd for c in psutil.Process().net_connections(kind="tcp")
+            if c.status == psutil.CONN_ESTABLISHED and c.fd >= 0}
+
+
+def bound_unanswered(fds: set[int], timeout_s: float) -> None:
+    """Make each TCP connection in ``fds`` fail when its peer's network stack answers nothing for
+    ``timeout_s`` seconds: sent data unacknowledged (``TCP_USER_TIMEOUT``, RFC 5482), or, on an
+    idle connection, :data:`KEEPALIVE_PROBES` keepalive probes one second apart unanswered
+    (``SO_KEEPALIVE``; with a user timeout set, Linux gives up once ``timeout_s`` passed since
+    the peer's last packet and a probe is out).
+
+    A peer that is cut off (a partition, a pulled cable) or powered off without a reset answers
+    nothing: the connection fails with ``ETIMEDOUT`` (gloo: the collective raises), as a crashed
+    peer's reset makes it fail, instead of waiting for the process-group timeout, or for TCP's
+    retransmission back-off (0.2 s doubling: 25 s, then 51 s after the first loss) long after
+    the network is back. A peer whose processes are stopped (SIGSTOP) or busy still has its
+    kernel acknowledge data and answer probes: it is waited for, up to the process-group
+    timeout. One caveat of ``TCP_USER_TIMEOUT``: a peer that keeps its receive window closed for
+    ``timeout_s`` (stopped in the middle of reading a message larger than its socket buffer) is
+    given up on too.
+
+    The descriptors are used in place (not duplicated, not closed); one that is no TCP socket
+    any more (closed since it was listed) is skipped. Linux only (the constants are in
+    :mod:`socket` there).
+    """
+    idle_s = max(1, round(timeout_s) - KEEPALIVE_PROBES)
+    for fd in sorted(fds):
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            continue
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle_s)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_PROBES)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, max(1, round(timeout_s * 1000)))
+        except OSError:
+            pass  # not a TCP socket (the descriptor was reused)
+        finally:
+            sock.detach()
 
 
 def destroy_process_group() -> None:

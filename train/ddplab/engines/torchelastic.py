@@ -71,7 +71,9 @@ class TorchElastic(Engine):
         return 2 if cfg.grad_compression == "powersgd" else 1
 
     def connect(self) -> None:
-        """Join the gloo process group of torchrun's world (``pg_timeout_s`` per collective)."""
+        """Join the gloo process group of torchrun's world (``pg_timeout_s`` per collective; a
+        peer that answers nothing for ``peer_timeout_s`` fails the collective as a crashed one
+        does, ddplab.distributed.bound_unanswered)."""
         env = self.env
         if (env.rank == 0 and env.distributed and os.environ.get("TORCHELASTIC_RUN_ID")
                 and os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") != "1"):
@@ -79,7 +81,7 @@ class TorchElastic(Engine):
                   "bootstrap store a restarted worker group can read the previous round's gloo "
                   "addresses and fail to connect; set it in torchrun's environment",
                   file=sys.stderr, flush=True)
-        init_process_group(env, self.cfg.pg_timeout_s)
+        init_process_group(env, self.cfg.pg_timeout_s, self.cfg.peer_timeout_s)
 
     def attach(self) -> Started:
         """Wrap the model in DDP with the timed comm hook of ``grad_compression`` (more than one
