@@ -431,6 +431,17 @@ def apply_config(lab, names: list[str], cpus: tuple[float, ...], link_mbit: int)
     return {"nodes": nodes, "link": link}
 
 
+def train_setting(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` of ``--train``: the value parsed as JSON, else kept as a string."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: give KEY=VALUE, e.g. bucket_cap_mb=1")
+    try:
+        return key.strip(), json.loads(value)
+    except json.JSONDecodeError:
+        return key.strip(), value
+
+
 def train_vars(a: argparse.Namespace, config: Config) -> list[str]:
     """The playbook variables of one run of ``config`` (same samples, warmup and evaluation
     spacing in samples at every N)."""
@@ -441,7 +452,7 @@ def train_vars(a: argparse.Namespace, config: Config) -> list[str]:
         "reference_batch_size": a.reference_batch, "log_interval": 1,
         "warmup_steps": min(steps - 1, max(1, round(a.warmup_samples / global_batch))),
         "eval_interval": max(1, round(a.eval_samples / global_batch)), "ckpt_interval": steps,
-        "sample_chars": 0, "seed": a.seed,
+        "sample_chars": 0, "seed": a.seed, **dict(a.train),
     }
     variables = {
         "ddp_job_preset": a.preset, "ddp_job_max_steps": steps, "ddp_job_nnodes_min": config.nodes,
@@ -519,6 +530,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-dir", type=Path, default=REPO / "runs", help="the controller's runs folder")
     p.add_argument("--out", type=Path, help="raw figures (JSON); default runs/bench-scaling-<time>.json")
     p.add_argument("-e", "--extra", action="append", default=[], help="extra var for every playbook")
+    p.add_argument("--train", action="append", default=[], type=train_setting, metavar="KEY=VALUE",
+                   help="a training setting of every run (ddp_job_train_overrides; the value as JSON, "
+                        "else a string), e.g. --train bucket_cap_mb=1")
     p.add_argument("--table", type=Path, help="print the tables of an earlier run's JSON, figures read again")
     p.add_argument("--results-dir", type=Path, help="folder of the results file (default benchmarks/results)")
     return p

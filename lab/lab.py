@@ -984,7 +984,7 @@ def apply_cpus(name: str, want: float | None, state: dict) -> list[str]:
     have = node_share(name)["quota"]
     if in_force(have, want):
         return []
-    podman("update", "--cpus", f"{want if want is not None else host_cpus():g}", name)
+    podman("update", *node_limits.cpu_args(want if want is not None else host_cpus()), name)
     made = made_with_cpus(state)
     line = f"{name}: CPU quota {quota_text(have)} -> {quota_text(want)}"
     if not node_limits.same_share(made, want):
@@ -1191,7 +1191,7 @@ def cmd_up(args: argparse.Namespace | None = None) -> None:
     for i, name in enumerate(nodes):
         state = container_state(name)
         if state is None:
-            quota = [] if cpus is None or cpus[i] is None else ["--cpus", f"{cpus[i]:g}"]
+            quota = [] if cpus is None or cpus[i] is None else node_limits.cpu_args(cpus[i])
             podman(
                 "run",
                 *quota,

@@ -5,11 +5,15 @@ What a user gives (``make lab-up LAB_CPUS=0.6,0.6,0.3 LAB_LINK_MBIT=1000``, ``la
 here, with one-line errors that say what to give; ``lab/lab.py`` applies it with podman and reads
 back what is in force. Standard library only (``lab/lab.py`` runs before the controller venv exists).
 
-* **CPU quota**: podman's ``--cpus`` = the container's cgroup CPU bandwidth (``cpu.cfs_quota_us``
-  over ``cpu.cfs_period_us``): a node gets at most that many CPU-seconds per second, whatever the
-  others do. With shares that add up to no more than the machine's CPUs, every node has a known,
-  separate speed. One value applies to every node; a list gives one per node, in address order.
-  ``off`` means no quota.
+* **CPU quota**: the container's cgroup CPU bandwidth (``cpu.cfs_quota_us`` over
+  ``cpu.cfs_period_us``, podman's ``--cpu-quota``/``--cpu-period``): a node gets at most that many
+  CPU-seconds per second, whatever the others do. The period is :data:`CPU_PERIOD_US` (10 ms, not
+  the kernel's 100 ms): a node whose quota is spent is stopped until the period ends, and in a
+  synchronous step every other node waits for it, so a long period turns a slow laptop into one
+  that stops for up to 70 ms at a time (0.3 CPU); with 10 ms the stops are short and the node
+  runs as a slower laptop would. With shares that add up to no more than the machine's CPUs,
+  every node has a known, separate speed. One value applies to every node; a list gives one per
+  node, in address order. ``off`` means no quota.
 * **Link**: a ``tbf`` queueing discipline on each node's egress interface (what it sends), so that
   every directed link between two nodes runs at the rate, as a port of a gigabit switch does. A
   unit inside the node applies it at every boot (``LINK_UNIT``): a node powered off and started
@@ -26,6 +30,10 @@ from dataclasses import dataclass
 OFF_WORDS = ("off", "none")
 #: The smallest quota podman and the kernel accept: 1 ms of CPU per 100 ms period.
 MIN_CPUS = 0.01
+#: The CFS period of a node's quota, microseconds; a share so small that its quota would be under
+#: the kernel's 1 ms minimum gets the longer period that makes it 1 ms (:func:`cpu_args`).
+CPU_PERIOD_US = 10_000
+MIN_QUOTA_US = 1_000
 MAX_LINK_MBIT = 100_000
 #: The lab's tbf handle: another than the bench's own (roles/bench, d1ab:), so the bench sees the
 #: lab's shaping as set by someone else and leaves it alone.
@@ -128,8 +136,16 @@ def oversubscribed(shares: tuple[float | None, ...], host_cpus: int) -> str | No
     )
 
 
+def cpu_args(cpus: float) -> list[str]:
+    """podman's ``run``/``update`` arguments for a quota of ``cpus`` CPUs: ``--cpu-period P
+    --cpu-quota Q`` with P = :data:`CPU_PERIOD_US` (longer when Q would be under
+    :data:`MIN_QUOTA_US`) and Q = round(cpus x P)."""
+    period = max(CPU_PERIOD_US, math.ceil(MIN_QUOTA_US / cpus))
+    return ["--cpu-period", str(period), "--cpu-quota", str(round(cpus * period))]
+
+
 def same_share(a: float | None, b: float | None) -> bool:
-    """Two quotas are the same to the cgroup's resolution (one microsecond per 100 ms period)."""
+    """Two quotas are the same to within 5e-4 CPUs (the cgroup holds whole microseconds per period)."""
     if a is None or b is None:
         return a is b
     return abs(a - b) < 5e-4

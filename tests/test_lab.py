@@ -44,6 +44,14 @@ def test_lower_walks_down_powers_of_two(lab):
     assert lab._lower(1048576) == 524288
 
 
+def quota_of(args: list[str]) -> float | None:
+    """The CPU quota podman ``run``/``update`` arguments give (``--cpu-quota`` over
+    ``--cpu-period``), None without one."""
+    if "--cpu-quota" not in args:
+        return None
+    return round(int(args[args.index("--cpu-quota") + 1]) / int(args[args.index("--cpu-period") + 1]), 4)
+
+
 class FakeRuntime:
     """`podman run` as on the ddp-lab build machine: crun fails, rlimits above the caps fail."""
 
@@ -382,13 +390,13 @@ class FakeLab:
             return done(json.dumps([state]))
         if args[0] == "run":
             name, ip = args[args.index("--name") + 1], args[args.index("--ip") + 1]
-            cpus = float(args[args.index("--cpus") + 1]) if "--cpus" in args else None
+            cpus = quota_of(args)
             self.containers[name] = self._new(ip, cpus)
             self.runs.append((name, ip))
             return done()
         if args[0] == "update":
-            self.updates.append((args[-1], args[2]))
-            self.containers[args[-1]]["quota"] = float(args[2])
+            self.updates.append((args[-1], f"{quota_of(args):g}"))
+            self.containers[args[-1]]["quota"] = quota_of(args)
             return done()
         if args[0] == "exec":
             text, rc = self.node_exec(self.containers[args[1]], args[2:])
@@ -728,3 +736,17 @@ def test_the_limits_command_gives_molecule_nodes_their_quotas(lab, limits_lab, c
     assert fake.updates == [("m-laptop-a", "0.6"), ("m-laptop-b", "0.3")]
     assert "m-laptop-b, 0.3 CPU, link 1000 Mbit/s" in capsys.readouterr().out
     assert lab.main(["limits", "--cpus", "0.6,0.3,0.3", "m-laptop-a", "m-laptop-b"]) == 1
+
+
+@pytest.mark.parametrize(("cpus", "args"), [
+    (0.6, ["--cpu-period", "10000", "--cpu-quota", "6000"]),  # 10 ms periods: short stops
+    (0.3, ["--cpu-period", "10000", "--cpu-quota", "3000"]),
+    (2, ["--cpu-period", "10000", "--cpu-quota", "20000"]),
+    (0.05, ["--cpu-period", "20000", "--cpu-quota", "1000"]),  # the kernel's 1 ms minimum quota
+    (0.01, ["--cpu-period", "100000", "--cpu-quota", "1000"]),
+])
+def test_a_quota_is_given_in_short_periods(cpus, args):
+    import node_limits
+
+    assert node_limits.cpu_args(cpus) == args
+    assert quota_of(args) == cpus
