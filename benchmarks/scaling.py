@@ -14,7 +14,10 @@ the built-in lab (``make lab-up``; provisioned, e.g. by ``make demo``):
 
 Every configuration's links are shaped to ``--link-mbit`` (1000). The balanced row is an entry with
 its own ``extra_vars`` (``ddp_job_batch_balance: speed``): the same global batch, dealt to the
-laptops by their measured speed (docs/training.md, "Speed-balanced batches").
+laptops by their measured speed (docs/training.md, "Speed-balanced batches"). The three unequal
+rows train one global batch (``keep_global``, N x ``--per-rank-batch``) with micro-batches of up
+to twice the equal share (``per_rank_batch_size``), so that a fast laptop's larger share is one
+pass, as it would be on a laptop that holds it.
 
 For each configuration: its nodes get their quotas and shaped links (lab/lab.py ``apply_limits``:
 applied, read back inside each node, a busy loop and a 64 MB transfer measured; recorded beside the
@@ -86,6 +89,8 @@ BALANCED_TARGET = 0.95
 WATCH_INTERVAL_S = 30
 #: A node whose busy loop got less than this fraction of its quota did not have its share.
 STARVED = 0.9
+#: Unequal quotas: the largest micro-batch, in equal shares (``per_rank_batch_size`` of those runs).
+UNEQUAL_MICRO_BATCH = 2
 #: Events that pause training between two step records (their time is left out).
 PAUSES = ("val", "checkpoint")
 
@@ -452,8 +457,15 @@ def train_vars(a: argparse.Namespace, config: Config) -> list[str]:
         "reference_batch_size": a.reference_batch, "log_interval": 1,
         "warmup_steps": min(steps - 1, max(1, round(a.warmup_samples / global_batch))),
         "eval_interval": max(1, round(a.eval_samples / global_batch)), "ckpt_interval": steps,
-        "sample_chars": 0, "seed": a.seed, **dict(a.train),
+        "sample_chars": 0, "seed": a.seed,
     }
+    if config.group == "unequal":
+        # the same global batch in every row, dealt equally or by speed; a micro-batch holds up to
+        # twice the equal share, so that a fast laptop's larger share is one forward/backward pass
+        # (a second, small pass would cost it more than its samples)
+        overrides.update(batch_policy="keep_global", global_batch_size=global_batch,
+                         per_rank_batch_size=UNEQUAL_MICRO_BATCH * a.per_rank_batch)
+    overrides.update(dict(a.train))
     variables = {
         "ddp_job_preset": a.preset, "ddp_job_max_steps": steps, "ddp_job_nnodes_min": config.nodes,
         "ddp_job_nnodes_max": config.nodes, "ddp_job_live_report": False, "ddp_job_watch": False,

@@ -85,7 +85,7 @@ def test_run_figures_of_unequal_nodes_wait_for_the_slowest():
 
 def _args(**kw) -> argparse.Namespace:
     base = {"per_rank_batch": 12, "samples": 12600, "reference_batch": 36, "warmup_samples": 1080,
-            "eval_samples": 600, "seed": 1337, "preset": "small", "extra": ["ddp_job_x=1"]}
+            "eval_samples": 600, "seed": 1337, "preset": "small", "extra": ["ddp_job_x=1"], "train": []}
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -104,6 +104,26 @@ def test_every_run_trains_the_same_samples_warmup_and_eval_spacing(config, steps
     assert (o["warmup_steps"], o["eval_interval"], o["ckpt_interval"]) == (warmup, evals, steps)
     assert (o["log_interval"], o["batch_policy"], o["per_rank_batch_size"]) == (1, "keep_per_rank", 12)
     assert o["reference_batch_size"] == 36
+
+
+def test_the_unequal_rows_train_one_global_batch_in_passes_of_up_to_twice_the_share():
+    """The equal, balanced and reference rows of 3 laptops: global batch 36 (keep_global), a
+    micro-batch of up to 24 samples, so a fast laptop's share of 14-15 is one pass."""
+    for config in (c for c in sb.CONFIGS if c.group == "unequal"):
+        o = json.loads(sb.train_vars(_args(), config)[1])["ddp_job_train_overrides"]
+        assert (o["batch_policy"], o["global_batch_size"], o["per_rank_batch_size"]) == ("keep_global", 36, 24)
+    equal = json.loads(sb.train_vars(_args(), sb.CONFIGS[2])[1])["ddp_job_train_overrides"]
+    assert "global_batch_size" not in equal
+
+
+def test_train_settings_of_every_run_come_last():
+    o = json.loads(sb.train_vars(_args(train=[sb.train_setting("bucket_cap_mb=1"),
+                                              sb.train_setting("per_rank_batch_size=6")]),
+                                 sb.CONFIGS[3])[1])["ddp_job_train_overrides"]
+    assert (o["bucket_cap_mb"], o["per_rank_batch_size"]) == (1, 6)
+    assert sb.train_setting("grad_compression=fp16") == ("grad_compression", "fp16")
+    with pytest.raises(argparse.ArgumentTypeError, match="give KEY=VALUE"):
+        sb.train_setting("bucket_cap_mb")
 
 
 def test_the_balanced_entry_is_one_more_configuration_with_its_variables():
