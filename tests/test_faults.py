@@ -429,3 +429,72 @@ def test_a_stop_during_a_freeze_is_not_its_cause_when_recorded_before_the_sigter
     (m,) = run.measures()
     assert m.outcome != "recovered"
     assert ("got signal: 15" in (m.cause or "")) is blamed, m
+
+
+def _throttle_then_kill_agent(run):
+    """Issue 27 item 15's run: a 90 s throttle of laptop-c, then 20 s later a kill-agent of laptop-a;
+    steps 11 -> 48 ran (slower) in the throttle's window, laptop-b and c trained on after the kill."""
+    run.start(ABC, T0 - 1)
+    run.steps(ABC, 1, 10, T0, dt=0.25)                              # step 10 at T0 + 2.25
+    run.fault("throttle", "laptop-c", T0 + 2.5, rank=2, duration_s=90)
+    run.steps(ABC, 11, 48, T0 + 3.0, dt=0.5)                        # step 48 at T0 + 21.5
+    run.fault("kill-agent", "laptop-a", T0 + 22.5, rank=0)
+    run.failure("laptop-b", T0 + 22.7, 1, 3, step=48)
+    run.failure("laptop-c", T0 + 22.8, 2, 3, step=48)
+    run.start(("laptop-b", "laptop-c"), T0 + 27.0, resumed_from_step=48, restart_count=1)
+    run.steps(("laptop-b", "laptop-c"), 49, 60, T0 + 28.0)
+
+
+def test_a_throttle_whose_window_the_next_fault_closed_counts_the_steps_it_trained(run):
+    """Before: not_recovered, cause 'no step completed after the fault and no failure record was
+    written', although 38 steps completed in its window (only steps after its 90 s counted)."""
+    _throttle_then_kill_agent(run)
+    throttle, kill = run.measures()
+    assert (throttle.outcome, throttle.steps_lost, throttle.restarts) == ("continued", 0, 0), throttle
+    assert throttle.path_text() == "3->3"
+    assert throttle.step_time_ratio == pytest.approx(2.0)
+    assert throttle.notes == ["trained on through it, steps 12->48; its window closed at +20.0 s by"
+                              " kill-agent of laptop-a, before its 90 s were over"]
+    assert (kill.outcome, kill.world_size_after, kill.steps_lost) == ("recovered", 2, 0)
+
+
+def test_the_summary_line_of_a_cut_short_throttle_says_continued_and_no_none(run):
+    _throttle_then_kill_agent(run)
+    summary = sm.build_summary(run.dir)
+    text = sm.human_summary(summary, run.dir)
+    assert "None" not in text, text
+    line = next(x for x in text.splitlines() if x.startswith("fault throttle laptop-c"))
+    assert line == ("fault throttle laptop-c: world size 3->3, detected - s, recovered - s, steps lost 0"
+                    " - continued: trained on through it, steps 12->48; its window closed at +20.0 s by"
+                    " kill-agent of laptop-a, before its 90 s were over"), line
+    assert "no step completed" not in json.dumps(summary["faults"][0])
+    kill = next(x for x in text.splitlines() if x.startswith("fault kill-agent laptop-a"))
+    assert kill.endswith(" - recovered"), kill
+
+
+def test_a_freeze_closed_before_its_end_with_only_the_step_in_flight_says_why(run):
+    """A freeze stops the group: the one step in flight at the injection is no training through it,
+    and the cause says the window closed early instead of 'no step completed after the fault'."""
+    run.start(ABC, T0 - 1)
+    run.steps(ABC, 1, 10, T0)
+    run.fault("freeze", "laptop-b", T0 + 9.5, rank=1, duration_s=90)
+    run.steps(ABC, 11, 11, T0 + 10.0)                                 # in flight at the injection
+    with (run.dir / "events.jsonl").open("a") as fh:
+        fh.write(json.dumps({"time": T0 + 39.5, "kind": "stop"}) + "\n")
+    (m,) = run.measures()
+    assert m.outcome == "not_recovered"
+    assert m.cause == ("no step completed in its window after the one in flight; its window closed at"
+                       " +30.0 s by the stop, before its 90 s were over and no failure record was written")
+
+
+def test_a_throttle_under_way_names_the_steps_it_trained_so_far(run):
+    """Measured while the throttle lasts (kill-node's wait): not over yet (the play waits for a step
+    after its end), and the cause no longer says that no step completed."""
+    run.start(ABC, T0 - 1)
+    run.steps(ABC, 1, 10, T0)
+    inj = faults.Injection(T0 + 9.5, "throttle", "laptop-c", duration_s=60)
+    run.steps(ABC, 11, 20, T0 + 11.0, dt=2.0)
+    m = faults.measure(inj, rundir.load_run(run.dir).records)
+    assert faults.progress_phase(m, True) == "waiting"
+    assert m.cause == ("no step completed after the fault's 60 s were over (10 step(s) completed during it)"
+                       " and no failure record was written")

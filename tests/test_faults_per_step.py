@@ -153,3 +153,19 @@ def test_a_stop_ends_the_measurement_window(run):
     run.steps(["laptop-c"], 61, 62, T0 + 67.0)
     (m,) = run.measures()
     assert m.outcome == "continued" and m.recovered_s is None and m.restarts == 0
+
+
+def test_a_throttle_closed_by_the_next_fault_continued_under_per_step(run):
+    """The next injection 20 s into a 90 s throttle: the replicas committed steps in its window at
+    the same participant count; that is training through it, not 'not recovered'."""
+    start(run, ABC, T0 - 1)
+    steps(run, ABC, 1, 10, T0)
+    run.fault("throttle", "laptop-c", T0 + 9.5, rank=2, duration_s=90)
+    steps(run, ABC, 11, 30, T0 + 10.0)
+    run.fault("kill-agent", "laptop-a", T0 + 29.8, rank=0)
+    steps(run, ("laptop-b", "laptop-c"), 31, 40, T0 + 31.0, quorum_id=2)
+    throttle, kill = run.measures()
+    assert (throttle.outcome, throttle.world_size_after, throttle.steps_lost) == ("continued", 3, 0)
+    assert throttle.notes == ["trained on through it, steps 12->30; its window closed at +20.3 s by"
+                              " kill-agent of laptop-a, before its 90 s were over"]
+    assert (kill.outcome, kill.world_size_after) == ("recovered", 2)

@@ -62,9 +62,12 @@ For an injection at time ``T`` (records up to the next injection count for it), 
 ``outcome``
     ``recovered`` (a new generation completed a step); ``continued`` (a fault with a duration, no
     worker restarted, and the group completed steps after the fault had ended: a short freeze or
-    partition the group rode out, a throttle); ``finished`` (an ``end`` record, no restart);
-    ``not_recovered`` (no restarted group completed a step: still recovering, or the job ended --
-    ``cause`` then names the failing host and error); ``no_data`` (no record after ``T``).
+    partition the group rode out, a throttle; or, when the fault's window closed before its
+    duration was over -- the next injection, stop or launch came first -- steps completed in the
+    window after the one in flight at ``T``: the group trained through it, said in ``notes``);
+    ``finished`` (an ``end`` record, no restart); ``not_recovered`` (no restarted group completed a
+    step: still recovering, or the job ended -- ``cause`` then names the failing host and error,
+    or, without a failure record, what its records show); ``no_data`` (no record after ``T``).
 ``stall_s``
     the longest time between consecutive completed steps (any host) from the last step before
     ``T`` to the first step of the recovery (or, without a restart, the first one after the fault
@@ -309,11 +312,13 @@ def _max_gap(times: Sequence[float]) -> float | None:
     return max((b - a for a, b in zip(ts, ts[1:], strict=False)), default=None) if len(ts) > 1 else None
 
 
-def measure(inj: Injection, records: Sequence[Record], until: float | None = None) -> FaultMeasure:
+def measure(inj: Injection, records: Sequence[Record], until: float | None = None,
+            closed_by: str | None = None) -> FaultMeasure:
     """Measure one injection from the run's metrics ``records`` (any order).
 
-    ``until``: ignore records at or after this time (the next injection), so that one
-    injection's recovery is not credited to another. See the module docstring for the
+    ``until``: ignore records at or after this time (the next injection, stop or launch), so that
+    one injection's recovery is not credited to another; ``closed_by`` names that event in the
+    words of the notes and causes (``kill-agent of laptop-a``). See the module docstring for the
     definitions. Pure: reads nothing, raises nothing on odd records (they are skipped).
     """
     t0 = inj.time
@@ -363,7 +368,7 @@ def measure(inj: Injection, records: Sequence[Record], until: float | None = Non
         f = failures_after[-1]
         m.cause = f"{f.get('host')} (rank {f.get('rank')}): {f.get('error')}"
     if per_step:
-        return _per_step(m, inj, recs, last_before)
+        return _per_step(m, inj, recs, last_before, until, closed_by)
 
     recovery: tuple[float, Record, _Gen] | None = None
     step_time = _median_step_time(sorted(steps_before, key=lambda r: r["time"])[-50:]) or 0.0
@@ -397,28 +402,78 @@ def measure(inj: Injection, records: Sequence[Record], until: float | None = Non
             m.notes.append("start record without resumed_from_step: steps_lost unknown")
         first_after_any = t_rec
     else:
-        # without a restart, the fault was ridden out only if steps went on after it ended: steps
-        # completed right after an instant fault are the old group's last ones in flight
-        ended_at = t0 + (inj.duration_s or 0.0)
-        steps_after_fault = [r for r in _steps(after) if r["time"] > ended_at] if inj.duration_s else []
-        ends = [r for r in after if r.get("event") == "end"]
-        if steps_after_fault:
-            m.outcome = "continued"
-            m.steps_lost = 0
-            first = min(steps_after_fault, key=lambda r: r["time"])
-            m.world_size_after = as_int(first.get("world_size"))
-            first_after_any = first["time"]
-        elif ends:
-            m.outcome = "finished"
-            m.steps_lost = 0
-            first_after_any = None
-        else:
-            m.outcome = "not_recovered"
-            first_after_any = None
-            if m.cause is None:
-                m.cause = "no step completed after the fault and no failure record was written"
+        steps_after = _steps(after)
+        first_after_any = _without_restart(m, inj, steps_after, any(r.get("event") == "end" for r in after),
+                                           until, closed_by)
+        if m.outcome == "not_recovered" and m.cause is None:
+            m.cause = _no_step_text(inj, steps_after, until, closed_by) + " and no failure record was written"
 
     return _stall_and_slowdown(m, inj, recs, last_before, first_after_any)
+
+
+def _trained_on(inj: Injection, steps_after: Sequence[Record],
+                until: float | None) -> tuple[list[Record], bool]:
+    """The completed steps after ``inj`` that show the group trained on through it without a
+    restart, and whether its window closed before the fault's duration was over.
+
+    An instant fault: none (steps completed right after it are the old group's last ones in
+    flight). A timed fault: the steps completed after ``T + duration_s``; when ``until`` (the next
+    injection, stop or launch) comes before that, the steps completed in the window after the one in
+    flight at the injection (step numbers above the first completed after ``T``): the group trained
+    while the fault held (a throttle), and nothing later belongs to this fault.
+    """
+    if not inj.duration_s:
+        return [], False
+    ended_at = inj.time + inj.duration_s
+    if until is None or until >= ended_at:
+        return [r for r in steps_after if r["time"] > ended_at], False
+    first = min(steps_after, key=lambda r: r["time"], default=None)
+    if first is None:
+        return [], True
+    in_flight = as_int(first.get("step"))
+    return [r for r in steps_after if (as_int(r.get("step")) or 0) > (in_flight or 0)], True
+
+
+def _cut_short_text(inj: Injection, until: float, closed_by: str | None) -> str:
+    """``its window closed at +20.0 s by kill-agent of laptop-a, before its 90 s were over``."""
+    return (f"its window closed at +{until - inj.time:.1f} s by {closed_by or 'the next event'}, "
+            f"before its {inj.duration_s:g} s were over")
+
+
+def _no_step_text(inj: Injection, steps_after: Sequence[Record], until: float | None,
+                  closed_by: str | None) -> str:
+    """Why a fault without a restart counts as not recovered, in words true to its records."""
+    if not inj.duration_s:
+        return "no step completed after the fault"
+    _, cut = _trained_on(inj, steps_after, until)
+    if cut:
+        return ("no step completed in its window after the one in flight; "
+                + _cut_short_text(inj, until, closed_by))
+    during = {as_int(r.get("step")) for r in steps_after if r["time"] <= inj.time + inj.duration_s}
+    return (f"no step completed after the fault's {inj.duration_s:g} s were over"
+            + (f" ({len(during)} step(s) completed during it)" if during else ""))
+
+
+def _without_restart(m: FaultMeasure, inj: Injection, steps_after: Sequence[Record], ended: bool,
+                     until: float | None, closed_by: str | None) -> float | None:
+    """Set ``outcome`` (``continued``, ``finished`` or ``not_recovered``), ``steps_lost``,
+    ``world_size_after`` and notes of ``m`` for a fault no restarted group recovered from
+    (:func:`_trained_on`); returns the time of the first step that shows training went on, or None."""
+    went_on, cut = _trained_on(inj, steps_after, until)
+    if went_on:
+        m.outcome, m.steps_lost = "continued", 0
+        first = min(went_on, key=lambda r: r["time"])
+        m.world_size_after = as_int(first.get("world_size"))
+        if cut and until is not None:
+            steps = [as_int(r.get("step")) or 0 for r in went_on]
+            m.notes.append(f"trained on through it, steps {min(steps)}->{max(steps)}; "
+                           f"{_cut_short_text(inj, until, closed_by)}")
+        return first["time"]
+    if ended:
+        m.outcome, m.steps_lost = "finished", 0
+    else:
+        m.outcome = "not_recovered"
+    return None
 
 
 def _round_of(gen: _Gen, rounds: Sequence[_Gen]) -> _Gen | None:
@@ -548,8 +603,8 @@ def _stall_and_slowdown(m: FaultMeasure, inj: Injection, recs: Sequence[Record],
     return m
 
 
-def _per_step(m: FaultMeasure, inj: Injection, recs: Sequence[Record],
-              last_before: Record | None) -> FaultMeasure:
+def _per_step(m: FaultMeasure, inj: Injection, recs: Sequence[Record], last_before: Record | None,
+              until: float | None = None, closed_by: str | None = None) -> FaultMeasure:
     """The per_step engine's recovery (module docstring): the first committed step after the fault
     at another participant count; without one, the fault was ridden out or the job finished/ended."""
     t0 = inj.time
@@ -566,17 +621,11 @@ def _per_step(m: FaultMeasure, inj: Injection, recs: Sequence[Record],
             m.steps_lost = max(0, m.last_step_before + 1 - m.resumed_from_step)
         first_after_any = rec["time"]
     else:
-        ended_at = t0 + (inj.duration_s or 0.0)
-        went_on = [r for r in after if r["time"] > ended_at] if inj.duration_s else []
-        if went_on:
-            m.outcome, m.steps_lost = "continued", 0
-            first = min(went_on, key=lambda r: r["time"])
-            m.world_size_after, first_after_any = as_int(first.get("world_size")), first["time"]
-        elif any(r.get("event") == "end" and r["time"] > t0 for r in recs):
-            m.outcome, m.steps_lost = "finished", 0
-        else:
-            m.outcome = "not_recovered"
-            m.cause = m.cause or "no step committed at another participant count after the fault"
+        first_after_any = _without_restart(m, inj, after, any(r.get("event") == "end" and r["time"] > t0
+                                                              for r in recs), until, closed_by)
+        if m.outcome == "not_recovered" and m.cause is None:
+            m.cause = (f"no step committed at another participant count after the fault; "
+                       f"{_no_step_text(inj, after, until, closed_by)}")
     return _stall_and_slowdown(m, inj, recs, last_before, first_after_any)
 
 
@@ -587,10 +636,14 @@ def measure_all(events: Iterable[Record], records: Sequence[Record]) -> list[Fau
     Raises ValueError on a malformed fault event."""
     events = list(events)
     injs = injections(events)
-    stops = [t for e in events if e.get("kind") in (STOP_KIND, *LAUNCH_KINDS)
+    stops = [(t, f"the {e['kind']}") for e in events if e.get("kind") in (STOP_KIND, *LAUNCH_KINDS)
              and (t := num(e.get("time"))) is not None]
-    ends = sorted([i.time for i in injs] + stops)
-    return [measure(inj, records, next((t for t in ends if t > inj.time), None)) for inj in injs]
+    ends = sorted([(i.time, f"{i.mode} of {i.node}") for i in injs] + stops)
+    out = []
+    for inj in injs:
+        until, closed_by = next(((t, what) for t, what in ends if t > inj.time), (None, None))
+        out.append(measure(inj, records, until, closed_by))
+    return out
 
 
 def agent_restarts(records: Iterable[Record]) -> int | None:

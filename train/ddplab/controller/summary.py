@@ -341,6 +341,23 @@ def cut_off_line(node: Mapping[str, Any]) -> str:
             "nothing trained alone, its state and checkpoints kept (not the run's result)")
 
 
+def fault_line(f: Mapping[str, Any], size: str = "world size") -> str:
+    """One line for a ``faults`` entry: its world sizes, detected/recovered s, steps lost, outcome
+    (with the cause when not recovered, and its notes); ``-`` for every figure it lacks."""
+    via = faults.interim_text(f)
+    why = [str(f["cause"])] if f.get("outcome") == "not_recovered" and f.get("cause") else []
+    why += [str(n) for n in f.get("notes") or [] if n]
+    return (
+        f"fault {f.get('mode')} {f.get('node')}: {size} {faults.path_text(f)}, "
+        f"detected {fmt(num(f.get('detected_s')), '.1f')} s, "
+        f"recovered {fmt(num(f.get('recovered_s')), '.1f')} s, steps lost "
+        f"{fmt(as_int(f.get('steps_lost')), 'd')}"
+        + (f" ({via})" if via else "")
+        + f" - {str(f.get('outcome') or 'not measured').replace('_', ' ')}"
+        + (f": {'; '.join(why)}" if why else "")
+    )
+
+
 def human_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None) -> str:
     """A few lines for people: outcome, losses, world sizes, restarts, faults, where things are."""
     lines = []
@@ -381,14 +398,7 @@ def human_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None)
         )
     size = "participants" if replica_groups(summary.get("engine")) else "world size"
     for f in summary.get("faults") or []:
-        via = faults.interim_text(f)
-        lines.append(
-            f"fault {f.get('mode')} {f.get('node')}: {size} {faults.path_text(f)}, "
-            f"detected {fmt(num(f.get('detected_s')), '.1f')} s, "
-            f"recovered {fmt(num(f.get('recovered_s')), '.1f')} s, steps lost "
-            f"{'-' if f.get('steps_lost') is None else f['steps_lost']}"
-            + (f" ({via})" if via else "")
-        )
+        lines.append(fault_line(f, size))
     for c in summary.get("cut_off") or []:
         lines.append(cut_off_line(c))
     for s in (summary.get("stragglers") or [])[:3]:
