@@ -27,8 +27,9 @@ Definitions (all times unix seconds, from the nodes' clocks):
     the trainers whose agent still ran the job when a snapshot was collected ([] otherwise).
 ``partial`` / ``unread``
     whether collect could not read some trainer (powered off, unreachable: ``build --unread
-    HOSTS``), and which: their figures are an earlier collect's, or none; a later collect that
-    reads them rebuilds the summary whole.
+    HOSTS``), and which: their figures are an earlier collect's, or none (``per_host.<host>.read``
+    false; ``last_step`` None without a record: unknown, not 0); a later collect that reads them
+    rebuilds the summary whole.
 ``final_train_loss`` / ``final_val_loss``
     of the rank-0 ``end`` record (the trainer's final evaluation: the mean loss over fixed
     windows of the train and val splits); without one, the newest ``val`` record's
@@ -71,6 +72,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -219,15 +221,20 @@ def find_stragglers(records: Sequence[Record]) -> list[dict[str, Any]]:
     return [{**asdict(f), "text": straggler.format_finding(f)} for f in straggler.detect_stragglers(records)]
 
 
-def per_host_figures(host: str, records: Sequence[Record], host_dir: Path | None) -> dict[str, Any]:
+def per_host_figures(host: str, records: Sequence[Record], host_dir: Path | None,
+                     read: bool = True) -> dict[str, Any]:
     """Figures of one node: last step, restarts (``restart_count``: the most any of its agents
     reached in the run; ``agent_restarts``: its newest agent's, :func:`ddplab.faults.agent_restarts`),
-    world sizes seen, throughput, files brought back."""
+    world sizes seen, throughput, files brought back. ``read``: False when this collect could not
+    read the node (``unread``): its figures are those of the records an earlier collect brought
+    (``records_to``: the newest one's time), and ``last_step`` is None without any (unknown, not 0)."""
     steps = events_of(records, "step")
     tok = sorted(v for r in steps if (v := num(r.get("tokens_per_s"))) is not None)
     out: dict[str, Any] = {
+        "read": read,
         "records": len(records),
-        "last_step": steps_completed(records),
+        "records_to": max((t for r in records if (t := num(r.get("time"))) is not None), default=None),
+        "last_step": steps_completed(records) if records or read else None,
         "restart_count": max((as_int(r.get("restart_count")) or 0 for r in records), default=0),
         "agent_restarts": faults.agent_restarts(records),
         "world_sizes": sorted({ws for r in steps if (ws := as_int(r.get("world_size"))) is not None}),
@@ -302,7 +309,8 @@ def build_summary(run_dir: str | Path, hosts: Sequence[str] | None = None,
         ),
         "stragglers": find_stragglers(records),
         "report": "report.html" if (run_dir / "report.html").is_file() else existing.get("report"),
-        "per_host": {h: per_host_figures(h, per_host.get(h, []), run_dir / h) for h in hosts},
+        "per_host": {h: per_host_figures(h, per_host.get(h, []), run_dir / h, read=h not in unread)
+                     for h in hosts},
         "sample": f"{sample_host}/sample.txt" if sample_host else None,
     }
     # keep what other tools added (e.g. fields written through update_summary)
@@ -358,6 +366,14 @@ def fault_line(f: Mapping[str, Any], size: str = "world size") -> str:
     )
 
 
+def partial_line(unread: Sequence[str]) -> str:
+    """The line that says a summary is partial (``unread``: the trainers collect could not read) and
+    how to complete it; the human summary and the report print it."""
+    names = ", ".join(unread)
+    return (f"PARTIAL: {names} not read by this collect (unreachable): its figures are an earlier"
+            f" collect's, or none; fix: bring {names} back and run playbooks/collect.yml again")
+
+
 def human_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None) -> str:
     """A few lines for people: outcome, losses, world sizes, restarts, faults, where things are."""
     lines = []
@@ -375,9 +391,7 @@ def human_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None)
         + (" - PARTIAL" if summary.get("unread") else "")
     )
     if summary.get("unread"):
-        unread = ", ".join(summary["unread"])
-        lines.append(f"PARTIAL: {unread} not read by this collect (unreachable): its figures are an earlier"
-                     f" collect's, or none; fix: bring {unread} back and run playbooks/collect.yml again")
+        lines.append(partial_line(summary["unread"]))
     wall = num(summary.get("wall_s"))
     lines.append(
         f"train loss (last minibatch): {fmt(num(summary.get('first_train_loss')))} -> "
@@ -404,9 +418,17 @@ def human_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None)
     for s in (summary.get("stragglers") or [])[:3]:
         lines.append(s.get("text", str(s)))
     for h, fig in (summary.get("per_host") or {}).items():
+        if fig.get("read") is False and not fig.get("records"):
+            lines.append(f"  {h}: NOT READ by this collect; no record of it here: the step it reached"
+                         " is unknown")
+            continue
         missing = [k for k in ("checkpoint", "sample", "journal") if not fig.get(k)]
         lines.append(
-            f"  {h}: step {fig.get('last_step')}, {fmt(fig.get('median_tokens_per_s'), '.0f')} tok/s, "
+            f"  {h}: "
+            + (f"NOT READ by this collect; an earlier collect's copy to "
+               f"{time.strftime('%H:%M:%S', time.localtime(num(fig.get('records_to')) or 0))}: "
+               if fig.get("read") is False else "")
+            + f"step {fig.get('last_step')}, {fmt(fig.get('median_tokens_per_s'), '.0f')} tok/s, "
             f"restarts {fig.get('restart_count')} in the run"
             + (f" ({fig['agent_restarts']} of its newest agent, as status.yml shows)"
                if fig.get("agent_restarts") not in (None, fig.get("restart_count")) else "")

@@ -31,7 +31,7 @@ from ddplab.controller.report.data import (
     ws_sequence,
 )
 from ddplab.controller.rundir import RunFolder
-from ddplab.controller.summary import launches, restarts_within_launches
+from ddplab.controller.summary import launches, partial_line, restarts_within_launches
 from ddplab.engines import replica_groups
 from ddplab.records import as_int, num
 
@@ -97,6 +97,8 @@ def key_figures(run: RunFolder, rs: list[Restart], fl: list[Fault],
     hosts = s.get("hosts") or sorted({str(r["host"]) for r in run.records if r.get("host")})
     if isinstance(hosts, dict):
         hosts = sorted(hosts)
+    unread = set(s.get("unread") or ())
+    hosts = [f"{h} (not read)" if h in unread else h for h in hosts]
     tl = train_loss(run)
     # the evaluation summary.json gives (the newest when the run ended without its final one)
     final_val, val_step = tl.val_loss, tl.estimate_step
@@ -258,7 +260,9 @@ def render_page(run: RunFolder, findings: list[straggler.StragglerFinding], plot
     return environment().get_template("report.html.j2").render(
         run_id=run.run_id, status=status, status_class=status_class,
         subtitle=f"started {start_txt} · {len(run.metrics_files)} metrics file(s) · folder {run.path}",
-        notes=run.notes, no_metrics=not run.by_event("step"), path=str(run.path),
+        # collect could not read every trainer (summary.json's unread; the watch's pages have none)
+        notes=[*([partial_line(run.summary["unread"])] if run.summary.get("unread") else []), *run.notes],
+        no_metrics=not run.by_event("step"), path=str(run.path),
         metrics_files=run.metrics_files, n_records=len(run.records),
         key_figures=key_figures(run, rs, fl, findings, t0, t1, live, gain), plots=plots,
         recoveries=recoveries, refresh_s=refresh_s,
