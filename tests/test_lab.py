@@ -8,6 +8,7 @@ exercise the real thing.
 import json
 import re
 import resource
+import shlex
 import subprocess
 import tomllib
 from pathlib import Path
@@ -750,3 +751,38 @@ def test_a_quota_is_given_in_short_periods(cpus, args):
 
     assert node_limits.cpu_args(cpus) == args
     assert quota_of(args) == cpus
+
+
+def _instructions(containerfile: str) -> list[list[str]]:
+    """A Containerfile's instructions as word lists (continuation lines joined, comments left out)."""
+    text = re.sub(r"\\\n", " ", "\n".join(line for line in containerfile.splitlines()
+                                           if not line.lstrip().startswith("#")))
+    return [line.split() for line in text.splitlines() if line.strip()]
+
+
+def test_the_lab_image_carries_ubuntus_etc_environment_with_the_sbin_folders(lab):
+    """Ubuntu puts the sbin folders on every login's PATH (SSH included) through /etc/environment;
+    Debian, the lab image's base, has no such file. The image carries Ubuntu's (issue 27 item 17)."""
+    steps = _instructions((lab.RECIPE_DIR / "Containerfile").read_text())
+    assert ["COPY", "environment", "/etc/environment"] in steps, steps
+    chmod = next(s for s in steps if s[:3] == ["RUN", "chmod", "0644"])
+    assert "/etc/environment" in chmod, chmod
+    values = dict(shlex.split(line)[0].split("=", 1)
+                  for line in (lab.RECIPE_DIR / "environment").read_text().splitlines() if line.strip())
+    path = values["PATH"].split(":")
+    for folder in ("/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/local/bin", "/usr/bin", "/bin"):
+        assert folder in path, (folder, path)
+
+
+def test_the_product_does_not_depend_on_etc_environment():
+    """Laptops with another PATH (Debian, a trimmed /etc/environment) run the same roles: no role,
+    playbook, plugin or node program reads /etc/environment (a tool in sbin runs with become and
+    ddp_lab_system_path: tests/test_system_tools.py, tests/test_bench_qdisc.py)."""
+    root = Path(__file__).resolve().parents[1]
+    files = [*root.glob("*.yml"), *(p for d in ("roles", "playbooks", "collections", "train")
+                                    for p in (root / d).rglob("*") if p.is_file() and p.suffix != ".pyc")]
+    assert len(files) > 50, "the scan found almost nothing: is it broken?"
+    readers = [f"{p.relative_to(root)}:{n}" for p in files
+               for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+               if "/etc/environment" in line.split("#", 1)[0]]  # comments may name it
+    assert readers == [], readers
