@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -461,23 +462,65 @@ def test_attach_follows_the_job_then_collects_and_reports(tmp_path):
     assert "TASK [Write the report]" not in text, text
 
 
+def _as_per_step(tmp_path: Path) -> None:
+    """Rewrite the _case laptops' records as the per_step engine writes them (each laptop a replica
+    group: engine, participants, committed steps)."""
+    for f in (tmp_path / "base").glob(f"*/runs/{RUN_ID}/metrics/*.jsonl"):
+        rs = [json.loads(x) for x in f.read_text().splitlines()]
+        for r in rs:
+            r["engine"] = "per_step"
+            if r["event"] == "step":
+                r.update(participants=r["world_size"], committed=True, quorum_id=1)
+        f.write_text("".join(json.dumps(r) + "\n" for r in rs))
+
+
+def _last_message(text: str) -> str:
+    """The last message a task printed before the recap (a debug task's ``msg``)."""
+    msgs = re.findall(r'^\s*"msg": "(.*)"$', text.split("PLAY RECAP")[0], flags=re.M)
+    return msgs[-1] if msgs else ""
+
+
 @pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
-def test_a_watch_that_saw_the_job_end_leaves_a_page_that_says_so(tmp_path):
+@pytest.mark.parametrize("engine", ["torchelastic", "per_step"])
+def test_a_watch_that_saw_the_job_end_leaves_a_page_that_says_so(tmp_path, engine):
     """Issue 27 item 18: a watch to the end without collect (here attach.yml --skip-tags collect, as
     site.yml --tags train) left the live page reloading, "live, step 300 of 300 ... while the job
-    runs", for ever: the watch's last build says the job ended and names the collect command."""
+    runs", for ever: the watch's last build says the job ended and names the collect command, under
+    either engine, and so does the play's last line (attach.yml said nothing of collecting)."""
     inv, env = _case(tmp_path, {"laptop-x": "ended", "laptop-y": "ended"}, unreachable=False, journalctl=True)
+    if engine == "per_step":
+        _as_per_step(tmp_path)
     out = _play(inv, {**env, "ANSIBLE_SKIP_TAGS": "collect"}, "attach.yml", "ddp_job_watch_interval_s=1")
     text = out.stdout + out.stderr
     assert out.returncode == 0, text
     page = (tmp_path / "runs" / RUN_ID / "report.html").read_text()
     assert "http-equiv" not in page and "reloads every" not in page, page
+    assert "the job ended: step 300 of 300, last record " in page, page
     assert f"not collected yet: ansible-playbook playbooks/collect.yml -e collect_run_id={RUN_ID}" in page
+    if engine == "per_step":
+        assert "Recoveries (engine per_step)" in page, page
+    assert _last_message(text) == COLLECT_HINT, text[-3000:]
+
+
+@pytest.mark.skipif(PLAYBOOK is None, reason="ansible-playbook is not installed (make venv)")
+def test_site_yml_tags_train_ends_with_the_collect_command(tmp_path):
+    """The task that ends site.yml --tags train (playbooks/train.yml's last play, after the watch),
+    run alone (--start-at-task; the run id the launch settles given as an extra var): its line is the
+    play's last, and it names the collect command."""
+    inv, env = _case(tmp_path, {"laptop-x": "ended"}, unreachable=False)
+    args = [PLAYBOOK, "-i", str(inv), str(ROOT / "site.yml"), "--tags", "train",
+            "--start-at-task", "Say how to collect the run", "-e", f"ddp_lab_run_id={RUN_ID}"]
+    out = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert "TASK [Say how to collect the run]" in text, text
+    assert _last_message(text) == COLLECT_HINT, text[-3000:]
 
 
 def test_the_collect_hint_only_when_this_run_does_not_collect():
     hint = filters.collect_hint
     assert hint("R", ["all"], []) == "" and hint("R", ["train", "collect"], []) == ""
+    assert hint("", ["train"], []) == hint(None, ["train"], []) == ""  # no run settled: nothing to collect
     for run_tags, skip_tags in ((["train"], []), (["all"], ["collect"])):
         assert hint("R", run_tags, skip_tags) == (
             "run R ended and is not collected by this play (--tags/--skip-tags); collect it (summary.json, "
@@ -485,6 +528,9 @@ def test_the_collect_hint_only_when_this_run_does_not_collect():
 
 
 RUN_ID = "20261130-190000-abcd"
+COLLECT_HINT = (f"run {RUN_ID} ended and is not collected by this play (--tags/--skip-tags); collect it"
+                f" (summary.json, the final report): ansible-playbook playbooks/collect.yml"
+                f" -e collect_run_id={RUN_ID}")
 
 
 @pytest.mark.parametrize("lines, expected", [

@@ -174,10 +174,11 @@ def attach_plan(results: Mapping[str, Any], stop: Mapping[str, Any] | None = Non
 
 
 def collect_hint(run_id: Any, run_tags: Iterable[str] = ("all",), skip_tags: Iterable[str] = ()) -> str:
-    """The line a watched train phase ends with when this play does not collect the run
-    (``run_tags`` / ``skip_tags``: Ansible's): the collect command; '' when the collect play runs."""
+    """The line a watched train phase (site.yml --tags train, attach.yml --skip-tags collect) ends
+    with when this play does not collect the run (``run_tags`` / ``skip_tags``: Ansible's): the
+    collect command; '' when the collect play runs, or without a run id (no run was settled)."""
     run_tags, skip_tags = set(run_tags or ("all",)), set(skip_tags or ())
-    if "collect" not in skip_tags and ("all" in run_tags or "collect" in run_tags):
+    if not str(run_id or "") or ("collect" not in skip_tags and ("all" in run_tags or "collect" in run_tags)):
         return ""
     return (f"run {run_id} ended and is not collected by this play (--tags/--skip-tags); collect it "
             "(summary.json, the final report): ansible-playbook playbooks/collect.yml "
