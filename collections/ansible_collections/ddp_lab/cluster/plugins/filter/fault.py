@@ -236,6 +236,29 @@ def not_recovered(progress: Mapping[str, Any], run_id: str, mode: str, target: s
             f" Last failure record: {do_truncate(JINJA, cause, 200, leeway=5)}. {fix}")
 
 
+def partition_rules(peers: Iterable[Any], chain: str, scope: str = "all", rendezvous_address: Any = "",
+                    ports: Iterable[Any] = ()) -> str:
+    """The rule set that cuts a node off, in ``iptables-restore`` form, applied with ``--noflush``
+    as one commit (so the cut is in place at once, not rule by rule): table ``filter``; ``chain``
+    declared (made, or emptied when it is left from an earlier partition); in it DROP of all
+    traffic from and to each of ``peers`` (the other trainers' addresses) and, ``scope`` ``all``,
+    of TCP to and from ``rendezvous_address`` on each of ``ports`` (the store's, the lighthouse's);
+    then INPUT and OUTPUT jump to it first. Raises ValueError on an empty cut (no peer, and scope
+    not ``all`` or no rendezvous address) or a value that would break the rule set (whitespace)."""
+    peers = [str(p) for p in peers]
+    ports = [str(p) for p in ports] if scope == "all" and str(rendezvous_address or "") else []
+    values = [chain, *peers, *ports, *([str(rendezvous_address)] if ports else [])]
+    if any(v.split() != [v] for v in values):
+        raise ValueError(f"partition rules: an empty value or one with whitespace among {values}")
+    if not peers and not ports:
+        raise ValueError("partition rules: nothing to cut off (no peer address, no rendezvous port)")
+    rules = [f"-A {chain} -{flag} {addr} -j DROP" for addr in peers for flag in ("s", "d")]
+    rules += [f"-A {chain} -p tcp -m tcp -{a} {rendezvous_address} --{p} {port} -j DROP"
+              for port in ports for a, p in (("s", "sport"), ("d", "dport"))]
+    jumps = [f"-I {builtin} 1 -j {chain}" for builtin in ("INPUT", "OUTPUT")]
+    return "\n".join(["*filter", f":{chain} - [0:0]", *rules, *jumps, "COMMIT", ""])
+
+
 class FilterModule:
     """Ansible filter plugin entry point."""
 
@@ -246,4 +269,4 @@ class FilterModule:
                 "fault_resolve": resolve, "fault_wait_timeout": wait_timeout, "fault_down_hosts": down_hosts,
                 "fault_agent_end": agent_end, "fault_not_recovered": not_recovered, "fault_intent": intent,
                 "fault_measured_lines": measured_lines,
-                "fault_finished_refusal": finished_refusal}
+                "fault_finished_refusal": finished_refusal, "fault_partition_rules": partition_rules}
