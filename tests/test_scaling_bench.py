@@ -111,7 +111,8 @@ def test_the_unequal_rows_train_one_global_batch_in_passes_of_up_to_twice_the_sh
     micro-batch of up to 24 samples, so a fast laptop's share of 14-15 is one pass."""
     for config in (c for c in sb.CONFIGS if c.group == "unequal"):
         o = json.loads(sb.train_vars(_args(), config)[1])["ddp_job_train_overrides"]
-        assert (o["batch_policy"], o["global_batch_size"], o["per_rank_batch_size"]) == ("keep_global", 36, 24)
+        batch = (o["batch_policy"], o["global_batch_size"], o["per_rank_batch_size"])
+        assert batch == ("keep_global", 36, 24)
     equal = json.loads(sb.train_vars(_args(), sb.CONFIGS[2])[1])["ddp_job_train_overrides"]
     assert "global_batch_size" not in equal
 
