@@ -6,12 +6,12 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH_PIP_ARGS ?=
 INVENTORY ?= inventory/lab
-# The molecule scenarios `make test` (and so CI) runs: `default` (provisioning, idempotence) and
+# The molecule scenarios `make test` (and so CI) runs, side by side: `default` (snapshot, provision,
+# idempotence, reset.yml, compare with the snapshot, provision again, the verifier's checks) and
 # `fault`, which runs site.yml with the short run of `train` and checks it with train's tests, then
-# the fault run (poweroff of rank 0, rejoin, freeze) on the same nodes, provisioned once, and
-# `reset` (snapshot, provision, reset.yml, compare with the snapshot, provision again); fault runs
-# beside default then reset (TEST_LANES, below). `train` alone: `make molecule SCENARIOS=train`.
-SCENARIOS ?= default fault reset
+# the fault runs (poweroff of rank 0, rejoin, freeze) on the same nodes, provisioned once.
+# `train` alone: `make molecule SCENARIOS=train`.
+SCENARIOS ?= default fault
 ALL_SCENARIOS := $(patsubst molecule/%/molecule.yml,%,$(wildcard molecule/*/molecule.yml))
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
@@ -78,9 +78,11 @@ demo: lab-up ## the main job: bring up the lab, run site.yml end to end, print t
 	ansible-playbook -i $(INVENTORY) site.yml $(if $(DATASET),-e ddp_job_dataset_src=$(DATASET)) $(DEMO_ARGS)
 	@echo "run folder: $$(readlink -f runs/current)"
 
-# The unit tests and linters run beside the molecule scenarios, which spend most of their time
-# waiting on podman and ansible: their output goes to build/test-unit-lint.log and is printed once
-# both are done. TEST_PARALLEL=0 runs them one after the other.
+# The unit tests and the linters run beside the molecule scenarios, three lanes at once (the
+# scenarios spend much of their time waiting on podman, SSH and training): the output of each of the
+# first two goes to build/test-unit.log and build/lint.log and is printed once all are done, then
+# one line with each lane's exit status and wall time (the scenarios' own lines come before it).
+# TEST_PARALLEL=0 runs them one after the other.
 TEST_PARALLEL ?= 1
 
 test: deps-test venv image ## everything CI runs: unit tests, linters, molecule scenarios
@@ -88,13 +90,17 @@ ifeq ($(TEST_PARALLEL),0)
 	$(MAKE) test-unit lint molecule MOLECULE_PARALLEL=0
 else
 	@mkdir -p build; start=$$(date +%s); \
-	( $(MAKE) --no-print-directory test-unit lint > build/test-unit-lint.log 2>&1; \
-	  echo $$? > build/test-unit-lint.rc ) & unit=$$!; \
-	$(MAKE) --no-print-directory molecule MOLECULE_LANES="$(TEST_LANES)"; mol=$$?; \
-	wait $$unit; rc=$$(cat build/test-unit-lint.rc); \
-	echo "== unit tests and linters (build/test-unit-lint.log) =="; cat build/test-unit-lint.log; \
-	echo "make test: unit tests + linters exit $$rc, molecule exit $$mol, $$(( $$(date +%s) - start )) s"; \
-	[ "$$rc" -eq 0 ] && [ "$$mol" -eq 0 ]
+	for lane in test-unit lint; do \
+	  ( t=$$(date +%s); $(MAKE) --no-print-directory $$lane > build/$$lane.log 2>&1; \
+	    echo "$$? $$(( $$(date +%s) - t ))" > build/$$lane.rc ) & \
+	done; \
+	$(MAKE) --no-print-directory molecule; mol=$$?; mol_s=$$(( $$(date +%s) - start )); \
+	wait; read unit unit_s < build/test-unit.rc; read lint lint_s < build/lint.rc; \
+	echo "== unit tests (build/test-unit.log) =="; cat build/test-unit.log; \
+	echo "== linters (build/lint.log) =="; cat build/lint.log; \
+	echo "make test: unit tests exit $$unit in $$unit_s s, linters exit $$lint in $$lint_s s," \
+	  "molecule exit $$mol in $$mol_s s; $$(( $$(date +%s) - start )) s in all"; \
+	[ "$$unit" -eq 0 ] && [ "$$lint" -eq 0 ] && [ "$$mol" -eq 0 ]
 endif
 
 # pytest exits 5 when it collects no test: not a failure of the suite. PYTEST_WORKERS pytest-xdist
@@ -113,21 +119,19 @@ lint: venv ## ansible-lint (production profile), yamllint, ruff
 	ruff check .
 
 # Lanes of scenarios run side by side, the scenarios of one lane (joined by +) one after the other;
-# MOLECULE_LANES defaults to one lane per scenario of SCENARIOS, `make test` uses TEST_LANES (fault,
-# the longest, beside default then reset). MOLECULE_PARALLEL=0: all one after the other, in this
-# shell. Each scenario's containers, network and SSH state are named after it
+# MOLECULE_LANES defaults to one lane per scenario of SCENARIOS. MOLECULE_PARALLEL=0: all one after
+# the other, in this shell. Each scenario's containers, network and SSH state are named after it
 # (DDP_LAB_MOLECULE_NAME=<MOLECULE_PREFIX>-<scenario>), its subnet is its own
 # (DDP_LAB_MOLECULE_NET=10.89.<MOLECULE_NET_FIRST + its place in the lanes>) and so are its ports (its
 # extra_vars.yml; tests/test_molecule_isolation.py checks them). Each scenario writes
 # build/molecule-<scenario>.log, printed when all are done, ending in its exit status and wall time.
 MOLECULE_PARALLEL ?= 1
 MOLECULE_LANES ?= $(SCENARIOS)
-TEST_LANES ?= $(if $(filter-out default fault reset,$(SCENARIOS))$(filter-out $(SCENARIOS),default fault reset),$(SCENARIOS),fault default+reset)
 MOLECULE_PREFIX ?= $(or $(DDP_LAB_MOLECULE_NAME),mol)
 MOLECULE_NET_FIRST ?= 211
 LANE_SCENARIOS = $(subst +, ,$(MOLECULE_LANES))
 
-molecule: venv image ## run the multi-node molecule scenarios (SCENARIOS=..., default: default fault reset)
+molecule: venv image ## run the multi-node molecule scenarios (SCENARIOS=..., default: default fault)
 ifeq ($(MOLECULE_PARALLEL),0)
 	set -e; for s in $(LANE_SCENARIOS); do \
 	  start=$$(date +%s); molecule test -s $$s; echo "molecule $$s: $$(( $$(date +%s) - start )) s"; \

@@ -1,6 +1,7 @@
 """reset.yml: refused without -e reset_confirm=yes before any node is contacted; --check lists what
 it would remove and changes nothing (a local "laptop" whose provisioned files live in a temporary
-tree, a fake systemctl); the snapshot comparison molecule/reset uses (molecule/resources/snapshot.py)."""
+tree, a fake systemctl); the snapshot comparison molecule/default's side_effect.yml uses
+(molecule/resources/snapshot.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What a node looks like, for "reset gives it back as it was" (molecule/reset).
+"""What a node looks like, for "reset gives it back as it was" (molecule/default, side_effect.yml).
 
 ``snapshot.py take`` runs on the node (stdlib only, as root) and prints one JSON document: every
 file, folder and symlink under the folders provisioning touches (kind, mode, owner, SHA-256 of the

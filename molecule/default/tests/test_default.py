@@ -133,6 +133,24 @@ def test_venv_imports_pinned_torch_as_training_user(host):
     assert host.file(DEFAULTS["python_env"]["python_env_prefix"]).user == "root"
 
 
+def test_wheelhouse_arrived_whole_from_its_archive(host):
+    """The wheelhouse comes as one archive (roles/python_env, tasks/copy.yml): every wheel its
+    SHA256SUMS names is there with that checksum, nothing else, each owned by root, mode 0644."""
+    env = DEFAULTS["python_env"]
+    folders = host.check_output(
+        "ls -d %s/%s-cp*", env["python_env_node_wheelhouse_dir"], env["python_env_torch_version"]).split()
+    assert len(folders) == 1, folders
+    check = host.run("cd %s && sha256sum --check --strict --quiet SHA256SUMS", folders[0])
+    assert check.rc == 0, check.stdout + check.stderr
+    manifest = host.file(f"{folders[0]}/SHA256SUMS").content_string
+    named = {line.split("  ", 1)[1] for line in manifest.splitlines()}
+    present = set(host.check_output("ls %s", folders[0]).split()) - {"SHA256SUMS"}
+    assert named == present and len(named) > 4, (named ^ present)
+    owners = host.check_output("cd %s && stat -c '%%U %%G %%a %%n' *", folders[0]).splitlines()
+    assert sorted(line.split(" ", 3)[3] for line in owners) == sorted([*named, "SHA256SUMS"]), owners
+    assert all(line.startswith("root root 644 ") for line in owners), owners
+
+
 def test_training_user_has_no_sudo(host):
     user = host.user(USER)
     assert user.exists

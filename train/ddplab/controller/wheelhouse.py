@@ -14,14 +14,26 @@ the node's own pip (``--no-index --find-links``) ignores them.
 CLI: ``python -m ddplab.controller.wheelhouse complete --dest D --env JSON [--extra E] -- PIP_ARGS``
 prints ``{changed, added: [requirement, ...]}``; exit code 1 (``error``, one line) when pip cannot
 get a missing requirement, 2 on bad input.
+
+The nodes get the wheelhouse as one archive (one transfer instead of one per wheel):
+``python -m ddplab.controller.wheelhouse pack --dest D --archive A`` reads the manifest (sha256sum
+lines, ``<hex>  <wheel file name>``) on stdin and prints ``{changed, archive, wheels, mb, label}`` (label:
+``<n> wheels, <mb> MB``); exit
+code 1 (``error``, one line) for a manifest line that is not one, or a wheel it names that is not
+in ``D``.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import os
+import re
 import subprocess
 import sys
+import tarfile
+import tempfile
 import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from email.parser import Parser
@@ -33,6 +45,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 MAX_ROUNDS = 50
+MANIFEST_NAME = "SHA256SUMS"
+_MANIFEST_LINE = re.compile(r"[0-9a-f]{64}  ([^/]+\.whl)")
 
 
 def wheel_metadata(path: Path) -> tuple[str, str, list[str]]:
@@ -142,8 +156,73 @@ def complete(
     raise RuntimeError(f"the wheelhouse {dest} is still incomplete after {MAX_ROUNDS} rounds")
 
 
+def manifest_text(manifest: Sequence[str]) -> str:
+    """The manifest as the file ``SHA256SUMS`` holds it: its lines, each ended by a newline."""
+    return "".join(f"{line}\n" for line in manifest)
+
+
+def archived_manifest(archive: Path) -> str | None:
+    """The text of ``SHA256SUMS`` in ``archive``; None when there is no archive, no such member or
+    no readable tar."""
+    try:
+        with tarfile.open(archive, "r:") as tar:
+            member = tar.extractfile(MANIFEST_NAME)
+            return member.read().decode("utf-8") if member else None
+    except (OSError, KeyError, tarfile.TarError, UnicodeDecodeError):
+        return None
+
+
+def pack(dest: Path, manifest: Sequence[str], archive: Path) -> bool:
+    """Make ``archive``: an uncompressed tar (wheels are zip files already) of the wheels of
+    ``dest`` that ``manifest`` names, in its order, then ``SHA256SUMS`` (``manifest_text``) as the
+    last member, so that a node that unpacks it holds the manifest only once every wheel is there.
+    Members are plain files at the top level, owned by root (uid and gid 0), mode 0644, with the
+    wheels' mtimes. Written to a temporary file beside ``archive``, then renamed; skipped when
+    ``archive`` already holds this manifest. Returns whether it was written.
+
+    ``manifest``: sha256sum lines ``<64 hex>  <wheel file name>``. Raises ValueError for a line
+    that is not one, FileNotFoundError for a named wheel missing from ``dest``.
+    """
+    names = []
+    for line in manifest:
+        match = _MANIFEST_LINE.fullmatch(line)
+        if not match:
+            raise ValueError(f"not a manifest line (<sha256>  <file>.whl): {line!r}")
+        names.append(match.group(1))
+    text = manifest_text(manifest)
+    if archived_manifest(archive) == text:
+        return False
+    for name in names:
+        if not (dest / name).is_file():
+            raise FileNotFoundError(f"{dest / name} is named by the manifest but not in the wheelhouse")
+
+    def owned_by_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = "root"
+        info.mode = 0o644
+        return info
+
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=archive.parent, prefix=f".{archive.name}.", suffix=".part")
+    try:
+        raw = os.fdopen(fd, "wb")
+        with raw, tarfile.open(fileobj=raw, mode="w:", format=tarfile.PAX_FORMAT) as tar:
+            for name in names:
+                tar.add(dest / name, arcname=name, recursive=False, filter=owned_by_root)
+            data = text.encode("utf-8")
+            info = owned_by_root(tarfile.TarInfo(MANIFEST_NAME))
+            info.size = len(data)
+            info.mtime = max((int((dest / n).stat().st_mtime) for n in names), default=0)
+            tar.addfile(info, io.BytesIO(data))
+        os.replace(tmp, archive)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry point (``complete``); returns the exit code."""
+    """CLI entry point (``complete``, ``pack``); returns the exit code."""
     p = argparse.ArgumentParser(
         prog="python -m ddplab.controller.wheelhouse", description=__doc__.split("\n")[0]
     )
@@ -155,7 +234,12 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument(
         "pip_args", nargs=argparse.REMAINDER, help="-- then pip download's target flags and sources"
     )
+    k = sub.add_parser("pack", help="the wheelhouse as one archive for the nodes; the manifest on stdin")
+    k.add_argument("--dest", type=Path, required=True, help="the wheelhouse folder")
+    k.add_argument("--archive", type=Path, required=True, help="the archive to write")
     args = p.parse_args(argv)
+    if args.cmd == "pack":
+        return _pack_cli(args.dest, args.archive, sys.stdin.read().splitlines())
     pip_args = args.pip_args[1:] if args.pip_args[:1] == ["--"] else args.pip_args
     try:
         env: Any = json.loads(args.env)
@@ -170,6 +254,18 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"changed": False, "error": str(exc) or type(exc).__name__}))
         return 1
     print(json.dumps({"changed": bool(added), "added": added}))
+    return 0
+
+
+def _pack_cli(dest: Path, archive: Path, manifest: list[str]) -> int:
+    try:
+        changed = pack(dest, manifest, archive)
+    except (ValueError, OSError, tarfile.TarError) as exc:
+        print(json.dumps({"changed": False, "error": str(exc) or type(exc).__name__}))
+        return 1
+    mb = round(archive.stat().st_size / 1e6, 1)
+    print(json.dumps({"changed": changed, "archive": str(archive), "wheels": len(manifest), "mb": mb,
+                      "label": f"{len(manifest)} wheels, {mb} MB"}))
     return 0
 
 

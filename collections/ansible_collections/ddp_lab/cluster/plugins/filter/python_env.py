@@ -94,23 +94,6 @@ def dist_info_globs(requirements: list[str]) -> list[str]:
     return out
 
 
-def copy_plan(files: list[dict]) -> list[dict]:
-    """The wheels of ``ansible.builtin.find`` results (``path``, ``size`` in bytes), smallest first,
-    each with ``label``: ``<k>/<n> <name> (<size> MB; <so far> of <total> MB)``, the progress
-    line Ansible prints when that file has been copied.
-    """
-    ordered = sorted(files, key=lambda f: (int(f.get("size", 0)), str(f["path"])))
-    total = sum(int(f.get("size", 0)) for f in ordered) / 1e6
-    out, so_far = [], 0.0
-    for k, f in enumerate(ordered, 1):
-        size = int(f.get("size", 0)) / 1e6
-        so_far += size
-        name = str(f["path"]).rsplit("/", 1)[-1]
-        out.append({"path": str(f["path"]), "name": name,
-                    "label": f"{k}/{len(ordered)} {name} ({size:.1f} MB; {so_far:.0f} of {total:.0f} MB)"})
-    return out
-
-
 def venv_problem(cfg_text: str, rc: object, stdout: str, error: str, node_version: str, prefix: str,
                  python: str) -> str:
     """Why the venv at ``prefix`` must be rebuilt, in one line; "" when it is sound or absent.
@@ -165,4 +148,4 @@ class FilterModule:
     def filters(self) -> dict:
         return {"manylinux_platforms": manylinux_platforms, "pip_error": pip_error,
                 "mismatch_summary": mismatch_summary, "python_env_dist_info_globs": dist_info_globs,
-                "python_env_copy_plan": copy_plan, "python_env_venv_problem": venv_problem}
+                "python_env_venv_problem": venv_problem}
