@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 
+import node_limits
 import pytest
 from labharness import REPO, lab_image_or_skip
 
@@ -56,12 +57,13 @@ def test_limits_are_in_force_inside_the_containers(nodes):
                            *names], capture_output=True, text=True, env=lab.podman_env(), timeout=600)
     print(proc.stdout, proc.stderr)
     assert proc.returncode == 0, proc.stderr
-    for name, quota in zip(names, (60000, 30000), strict=True):
+    for name, cpus in zip(names, (0.6, 0.3), strict=True):
+        period, quota = (int(v) for v in node_limits.cpu_args(cpus)[1::2])
         assert _cat(lab, name, "/sys/fs/cgroup/cpu/cpu.cfs_quota_us") == str(quota)
-        assert _cat(lab, name, "/sys/fs/cgroup/cpu/cpu.cfs_period_us") == "100000"
+        assert _cat(lab, name, "/sys/fs/cgroup/cpu/cpu.cfs_period_us") == str(period)
         share = lab.node_share(name)
-        assert (share["quota"], share["threads"]) == (quota / 100000, 1)
-        assert share["share"] == quota / 100000
+        assert (share["quota"], share["threads"]) == (cpus, 1)
+        assert share["share"] == cpus
         qdisc = lab.out(lab.podman("exec", name, "tc", "qdisc", "show", "dev", "eth0", "root"))
         assert re.match(r"qdisc tbf 1ab: root .*rate 200Mbit", qdisc), qdisc
     busy = re.search(r"CPU in force: (.*)", proc.stdout)
