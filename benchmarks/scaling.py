@@ -575,7 +575,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scaling: the lab has {len(names)} laptops and needs {need}: `make lab-up` (and `make demo` "
               "once to provision them)", file=sys.stderr)
         return 2
-    before = lab.read_limits(names)
+    try:
+        before = lab.read_limits(names)
+    except lab.LabError as exc:
+        print(f"scaling: {exc}; fix: `make lab-down lab-up`, then `make demo` once to provision the laptops",
+              file=sys.stderr)
+        return 2
     skip = ("table", "out", "runs_dir", "results_dir")
     results = {"settings": {k: v for k, v in vars(a).items() if k not in skip},
                "command": bench_results.command_line(), "load_start": loadavg(), "runs": []}
@@ -586,7 +591,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(a.repeat):
             for config in configs:
                 results["runs"].append(one_run(a, lab, config, names))
-    except BenchError as exc:
+    except (BenchError, lab.LabError) as exc:
         print(f"scaling: {exc}", file=sys.stderr)
         code = 1
     finally:

@@ -205,3 +205,26 @@ def test_results_are_written_as_json_and_the_results_file(tmp_path):
     md = paths[1].read_text()
     assert "```text\nTABLE\n```" in md and "`benchmarks/scaling.py --samples 1200`" in md
     assert "before 1.00 2.00 3.00; after 1.00 1.00 1.00" in md and f"raw figures: {out}" in md
+
+
+def test_a_lab_whose_nodes_cannot_be_read_is_one_line_and_nothing_is_applied(monkeypatch, capsys, tmp_path):
+    import lab
+
+    applied = []
+
+    why = "laptop-a: cannot read its CPU share (exit 255): cannot exec in a stopped container"
+
+    def unreadable(names):
+        raise lab.LabError(why)
+
+    monkeypatch.setattr(lab, "lab_containers", lambda: ["laptop-a", "laptop-b", "laptop-c"])
+    monkeypatch.setattr(lab, "read_limits", unreadable)
+    monkeypatch.setattr(lab, "apply_limits", lambda *args, **kw: applied.append(args))
+    (tmp_path / "inventory").mkdir()
+    (tmp_path / "inventory" / "hosts.yml").write_text("all: {}\n")
+    monkeypatch.setattr(sb, "REPO", tmp_path)
+    assert sb.main(["-i", "inventory", "--runs-dir", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    fix = "fix: `make lab-down lab-up`, then `make demo` once to provision the laptops"
+    assert err == [f"scaling: {why}; {fix}"]
+    assert applied == [] and not (tmp_path / "runs").exists()
