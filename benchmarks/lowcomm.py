@@ -25,8 +25,7 @@ loss (every run trains the same tokens: steps x global batch x block), whether i
 noise band, and the 1-minute load average at the run's start and end. Figures, not assertions:
 exit 0 when every play ran, 2 otherwise (with the table so far).
 
-Usage (controller, lab up and provisioned, e.g. after ``make demo``; on this shared machine inside
-``/work/bin/labuse``):
+Usage (controller, lab up and provisioned, e.g. after ``make demo``):
   .venv/bin/python benchmarks/lowcomm.py [-i inventory/lab] [--links 1000,100] [--steps 500]
       [--sync-every 50,100] [--noise-seeds 2] [--gpt2-steps 4] [--cpus 0.6] [-e k=v ...]
   .venv/bin/python benchmarks/lowcomm.py --table runs/bench-lowcomm-<time>.json   # print again

@@ -1,6 +1,6 @@
 """ddp_job's launch under each recovery engine (ddp_job_fault_tolerance), rendered by Ansible from
 the role's own defaults and vars: torchelastic stays as it was; per_step is the per-laptop replica
-group of /work/notes/ft-contract.md (own torchrun around a local store, TORCHFT_LIGHTHOUSE, the
+group of docs/CONTRACTS.md "Processes" (own torchrun around a local store, TORCHFT_LIGHTHOUSE, the
 engine's run.json keys); the fault role's filters (rejoin compares command lines, the run's engine)."""
 
 from __future__ import annotations
