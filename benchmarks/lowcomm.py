@@ -177,7 +177,8 @@ def shape(a: argparse.Namespace, link: str) -> str:
             f"lab/lab.py up --link-mbit {link} --cpus {a.cpus} failed: "
             f"{(proc.stderr or proc.stdout).strip().splitlines()[-1:]}"
         )
-    return f"lab limits: every laptop's egress tbf {link} Mbit/s, CPU quota {a.cpus}"
+    egress = "not shaped" if link == "off" else f"tbf {link} Mbit/s"
+    return f"lab limits: every laptop's egress {egress}, CPU quota {a.cpus}"
 
 
 def band(rows: list[dict], link: str) -> tuple[float, float] | None:

@@ -125,3 +125,17 @@ def test_the_table_sets_every_mode_beside_fp32_and_the_noise_band():
     assert "80.0x" in diloco and "+0.180" in diloco  # the gap above the band
     assert lines[-1] == "noise band at 1000 Mbit/s (fp32, 3 seeds): val 1.9800 .. 2.0200"
     assert "500 MB" in next(line for line in lines if "gpt2" in line)
+
+
+def test_the_note_of_each_stage_says_how_the_links_were_left(monkeypatch):
+    calls = []
+
+    def run(argv, **_):
+        calls.append(argv[argv.index("--link-mbit") + 1])
+        return type("Done", (), {"returncode": 0, "stdout": "", "stderr": ""})()
+
+    monkeypatch.setattr(lowcomm.subprocess, "run", run)
+    a = lowcomm.argparse.Namespace(no_shape=False, cpus="0.6")
+    assert lowcomm.shape(a, "100") == "lab limits: every laptop's egress tbf 100 Mbit/s, CPU quota 0.6"
+    assert lowcomm.shape(a, "off") == "lab limits: every laptop's egress not shaped, CPU quota 0.6"
+    assert calls == ["100", "off"]
