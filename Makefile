@@ -156,9 +156,8 @@ else
 endif
 
 # Five lab laptops (N > 3) on this machine: elastic 1:5, poweroff of rank 0's node, rejoin, summary
-# and report for 5 hosts (molecule/nodes5). Not in SCENARIOS: it took 15-19 min on the shared 2-core
-# machine (2026-12-01, load 2-15; 39 min at load 14-33; docs/lab.md), and with make test's ~27 min
-# it would pass the 45-min budget.
+# and report for 5 hosts (molecule/nodes5). Not in SCENARIOS: five laptops on two cores take longer
+# than make test's whole budget.
 test-nodes5: venv image ## molecule scenario nodes5: five laptops, elastic 1:5, poweroff + rejoin (not in make test)
 	$(MAKE) --no-print-directory molecule SCENARIOS=nodes5
 

@@ -93,6 +93,7 @@ def test_two_replicas_sync_every_h_steps_and_end_with_one_model(tmp_path, data_p
             assert r["engine"] == "diloco" and r["participants"] == 2
             if r.get("sync"):
                 assert r["sync_participants"] == 2 and r["grad_bytes"] > 0 and r["allreduce_s"] > 0
+                assert 0 <= r["sync_quorum_s"] <= r["sync_s"]
             else:  # an inner step: no collective, no gradient on the wire
                 assert r["allreduce_s"] == 0 and r["grad_bytes"] == 0 and r["wire_model_bytes"] == 0
         assert not [r for r in rep.records() if r["event"] == "uncommitted"]

@@ -308,9 +308,9 @@ def caller_name(depth: int = 2) -> str:
     torch names every rendezvous event after its caller with ``inspect.stack()``, twice per event,
     even when no event handler is configured: it reads every frame's source and scans
     ``sys.modules`` for frames of no module, about 1 ms of CPU per event in an agent that imported
-    ``ddplab.train`` (1,175 modules). The rendezvous loop and the heartbeat thread record several
-    events per second; on the lab at load 20-25, py-spy found the rendezvousing agent's main thread
-    inside ``inspect.stack`` in 8 of 8 samples (py-spy dump).
+    ``ddplab.train`` (over a thousand modules). The rendezvous loop and the heartbeat thread
+    record several events per second, so under load the agent's main thread spends most of its
+    time there.
     """
     try:
         return sys._getframe(depth).f_code.co_name  # frame 0: this function, as inspect.stack()[0]

@@ -153,7 +153,7 @@ class TrainConfig:
     ft_manager_port: int = 29520  # TCP port of this replica's torchft Manager
     ft_min_replicas: int = 1  # a step commits only with at least this many participants
     # per operation: gloo collectives, commit vote, state transfer; a frozen peer is left out after
-    # it + the lighthouse's join timeout (1.5 s: 2.6 s, no false drop at load 11-21, docs/faults.md)
+    # it + the lighthouse's join timeout (docs/faults.md)
     ft_timeout_s: float = 1.5
     ft_quorum_timeout_s: float = 60.0  # longest wait for a quorum
     # the first step of a (re)started job waits for this many participants, at most

@@ -77,6 +77,7 @@ class DiLoCoEngine(PerStep):
         self.quorum = (0, 1)
         self.synced_at: int | None = None  # the step of the last committed sync
         self.sync_s = 0.0  # seconds of this attempt's sync (plan)
+        self.quorum_s = 0.0  # of which in the quorum (the lighthouse, the wait for the peers, a heal)
         self.synced: dict[str, Any] | None = None  # fields of the sync committed by this attempt
 
     # --- setup --------------------------------------------------------------------------------
@@ -137,7 +138,7 @@ class DiLoCoEngine(PerStep):
     def plan(self) -> StepPlan | Retry:
         """A sync when one is due (:meth:`sync`), then this replica's block of the step's samples
         over the last sync's quorum, for its inner optimizer alone."""
-        self.sync_s, self.synced = 0.0, None
+        self.sync_s, self.quorum_s, self.synced = 0.0, 0.0, None
         if self.sync_due():
             held = self.sync()
             if held is not None:
@@ -157,6 +158,7 @@ class DiLoCoEngine(PerStep):
         cfg, run, replica = self.cfg, self.run, self.replica
         t0 = time.perf_counter()
         started = replica.start_step()  # the quorum; a replica behind its peers is healed here
+        self.quorum_s = time.perf_counter() - t0
         run.check_signals()
         if started is None:  # no quorum within ft_quorum_timeout_s: ask again
             self.wait_for_a_quorum()
@@ -199,7 +201,8 @@ class DiLoCoEngine(PerStep):
         self.synced_at = self.run.step
         self.quorum = (replica.pg.quorum_rank, replica.pg.quorum_size)
         self.back_in_the_group(self.run.step)
-        self.synced = {"sync": True, "sync_s": round(self.sync_s, 6), "sync_participants": participants,
+        self.synced = {"sync": True, "sync_s": round(self.sync_s, 6),
+                       "sync_quorum_s": round(self.quorum_s, 6), "sync_participants": participants,
                        "syncs": replica.step, **(self.start_barrier_fields() if first else {})}
 
     def not_committed(self, participants: int, seconds: float, local: list[torch.Tensor] | None) -> Retry:
