@@ -120,10 +120,8 @@ def with_served_run(doc: Mapping[str, Any], nodes: Mapping[str, Any], key: str, 
     """``doc`` (a running service's status document) with the run it serves: its own ``run_id``,
     else ``run_id`` (the run looked at) when a node runs it with its agents pointed at the service's
     port (ddplab.status ``endpoints[key]``, ``key`` store or lighthouse)."""
-    if not doc.get("running") or doc.get("run_id") or not run_id:
-        return dict(doc)
     port = doc.get("port")
-    if port is None:
+    if not doc.get("running") or doc.get("run_id") or not run_id or port is None:
         return dict(doc)
     pointed = [h for h, r in nodes.items() if node_state(r, h) == "running"
                and _port(str(((r or {}).get("endpoints") or {}).get(key) or "")) == int(port)]

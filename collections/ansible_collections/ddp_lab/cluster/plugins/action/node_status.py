@@ -118,14 +118,13 @@ class LiveReport:
         self.lock.release()
         return True
 
-    def maybe_build(self, now: float | None = None) -> bool:
+    def maybe_build(self) -> bool:
         """Start a build in the background when none runs (here or in another trainer's watch) and
         report.html is older than 0.8 interval; returns whether one was started."""
         if not self._reap():
             return False
-        now = time.time() if now is None else now
         try:
-            age = now - (self.run_dir / "report.html").stat().st_mtime
+            age = time.time() - (self.run_dir / "report.html").stat().st_mtime
         except OSError:
             age = float("inf")
         if age < 0.8 * self.interval_s:
@@ -190,11 +189,11 @@ class ActionModule(ActionBase):
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
         _, args = self.validate_argument_spec(argument_spec=ARGS)
+        if args["mode"] == "until" and args["since"] is None:
+            raise AnsibleActionFail("node_status: mode until needs since (the injection's unix time)")
         args["label"] = args["label"] or task_vars.get("inventory_hostname", "")
         args["python"] = args["python"] or self._templar.template(
             trust_as_template("{{ python_env_prefix | default('/opt/ddp-lab/venv') }}/bin/python"))
-        if args["mode"] == "until" and args["since"] is None:
-            raise AnsibleActionFail("node_status: mode until needs since (the injection's unix time)")
         start = time.monotonic()
         if args["mode"] == "once":
             doc, extra = self._once(args, task_vars)

@@ -95,11 +95,8 @@ def read_order(header: str, dirs: dict[str, str]) -> list[str]:
         raise ValueError(f"not a NetworkManager --print-config header: {header!r}")
     groups = {kind: [n.strip() for n in names.split(",") if n.strip()]
               for kind, names in _GROUP.findall(match.group(2))}
-    order = [os.path.join(dirs["lib"], n) for n in groups.get("lib", [])]
-    order += [os.path.join(dirs["run"], n) for n in groups.get("run", [])]
-    order.append(match.group(1))
-    order += [os.path.join(dirs["etc"], n) for n in groups.get("etc", [])]
-    return order
+    lib, run, etc = ([os.path.join(dirs[k], n) for n in groups.get(k, [])] for k in ("lib", "run", "etc"))
+    return [*lib, *run, match.group(1), *etc]
 
 
 def _parse(text: str) -> configparser.ConfigParser:
