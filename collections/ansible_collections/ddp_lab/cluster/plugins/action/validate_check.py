@@ -404,9 +404,8 @@ def launch(host: str, unit_show: str, run_id: str = "", stop: Mapping[str, Any] 
     GLOO_SOCKET_IFNAME other than lo (a warning); skip without a launch. A node named by the stop
     event ``stop`` of run ``run_id`` says so (``stopped by stop.yml at T``)."""
     seen = _filters.unit_launch(unit_show)
-    stopped = ""
-    if host in ((stop or {}).get("hosts") or []):
-        stopped = f"the last run {run_id or '?'} was {stopped_at(stop)}"
+    named = host in ((stop or {}).get("hosts") or [])
+    stopped = f"the last run {run_id or '?'} was {stopped_at(stop)}" if named else ""
     if not seen["loaded"]:
         first = (f"{stopped} (its agent unit is gone)" if stopped else "no agent launched on this node yet")
         return {"check": "launch", "status": "skip", "detail": (

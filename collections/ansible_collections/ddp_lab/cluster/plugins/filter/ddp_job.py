@@ -195,13 +195,14 @@ def _positive(value: Any) -> bool:
         return False
 
 
-def rdzv_conf(host: str, conf: Any) -> dict:
+def rdzv_conf(host: str, conf: Any, keys: Iterable[str] = RDZV_KEYS) -> dict:
     """torchrun's ``--rdzv-conf``: only keys torch reads, every value a positive number (s or count).
     ok detail: the argument as passed (``k=v,...``)."""
-    good = isinstance(conf, Mapping) and not set(conf) - set(RDZV_KEYS) and all(map(_positive, conf.values()))
+    keys = list(keys)
+    good = isinstance(conf, Mapping) and not set(conf) - set(keys) and all(map(_positive, conf.values()))
     problem = None if good else (
         f"{host}: ddp_job_rdzv_conf {conf} has unknown keys or values that are not > 0; fix: use keys among "
-        f"{', '.join(RDZV_KEYS)} with positive numbers (seconds or counts)")
+        f"{', '.join(keys)} with positive numbers (seconds or counts)")
     return record("rdzv_conf", problem, ",".join(f"{k}={v}" for k, v in (conf or {}).items()) if good else "")
 
 

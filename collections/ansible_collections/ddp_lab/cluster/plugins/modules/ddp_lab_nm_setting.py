@@ -73,6 +73,7 @@ files:
 """
 
 import configparser  # noqa: E402
+import contextlib  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
 
@@ -162,11 +163,8 @@ def main() -> None:
     value = merged.get("connection", p["key"], fallback=None)
     texts = []
     for path in [*order, p["intern_config"]]:
-        try:
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                texts.append((path, handle.read()))
-        except OSError:
-            continue
+        with contextlib.suppress(OSError), open(path, encoding="utf-8", errors="replace") as handle:
+            texts.append((path, handle.read()))
     found = setters(texts, p["key"])
     wrong = overriding(found, p["want"])
     text = "; ".join(f"{s['file']} [{s['section']}] sets {s['value']}" for s in wrong)
