@@ -26,6 +26,7 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 from ddplab.engines import replica_groups
 from ddplab.runstate import BAD_STATES, WORDS, node_state, node_states, stopped_at
+from ddplab.status import fmt
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -48,10 +49,6 @@ ARGS = {
 BAD = tuple(WORDS[s] for s in BAD_STATES)
 COLUMNS = ("node", "agent", "run", "step", "loss", "val", "ws", "rank", "tok/s", "restarts",
            "last step s", "last failure")
-
-
-def _f(v: Any, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
 
 
 def row_of(host: str, res: Mapping[str, Any] | None, stop: Mapping[str, Any] | None = None,
@@ -84,13 +81,13 @@ def row_of(host: str, res: Mapping[str, Any] | None, stop: Mapping[str, Any] | N
         "agent": WORDS.get(state, state),
         "run": p.get("run_id") or "-",
         "step": step,
-        "loss": _f(p.get("loss"), ".3f"),
-        "val": _f(p.get("val_loss"), ".3f"),
-        "ws": _f(p.get("world_size"), "d"),
-        "rank": _f(p.get("rank"), "d"),
-        "tok/s": _f(p.get("tokens_per_s"), ",.0f"),
-        "restarts": _f(p.get("restart_count"), "d"),
-        "last step s": _f(p.get("step_age_s"), ".0f"),
+        "loss": fmt(p.get("loss"), ".3f"),
+        "val": fmt(p.get("val_loss"), ".3f"),
+        "ws": fmt(p.get("world_size"), "d"),
+        "rank": fmt(p.get("rank"), "d"),
+        "tok/s": fmt(p.get("tokens_per_s"), ",.0f"),
+        "restarts": fmt(p.get("restart_count"), "d"),
+        "last step s": fmt(p.get("step_age_s"), ".0f"),
         "last failure": str(failure).strip().splitlines()[0] if str(failure).strip() else "",
         "engine": str(p.get("engine") or ""),
     }
@@ -123,10 +120,8 @@ def with_served_run(doc: Mapping[str, Any], nodes: Mapping[str, Any], key: str, 
     """``doc`` (a running service's status document) with the run it serves: its own ``run_id``,
     else ``run_id`` (the run looked at) when a node runs it with its agents pointed at the service's
     port (ddplab.status ``endpoints[key]``, ``key`` store or lighthouse)."""
-    if not doc.get("running") or doc.get("run_id") or not run_id:
-        return dict(doc)
     port = doc.get("port")
-    if port is None:
+    if not doc.get("running") or doc.get("run_id") or not run_id or port is None:
         return dict(doc)
     pointed = [h for h, r in nodes.items() if node_state(r, h) == "running"
                and _port(str(((r or {}).get("endpoints") or {}).get(key) or "")) == int(port)]
@@ -264,7 +259,6 @@ def bad_nodes(rows: Sequence[Mapping[str, str]]) -> list[str]:
 class ActionModule(ActionBase):
     """See the module docstring."""
 
-    TRANSFERS_FILES = False
     _requires_connection = False
 
     def run(self, tmp=None, task_vars=None):

@@ -49,9 +49,6 @@ def progress_line(host: str, what: str, elapsed_s: float, done: list[str] | None
 class ActionModule(ActionBase):
     """See the module docstring."""
 
-    TRANSFERS_FILES = False
-    _requires_connection = True
-
     def _status(self, jid: str, task_vars: dict, mode: str = "status") -> dict:
         """async_status of job ``jid`` on the node (``mode: cleanup`` removes its results file)."""
         async_dir = self._remote_expand_user(self.get_shell_option("async_dir", default="~/.ansible_async"))

@@ -98,11 +98,6 @@ class LiveReport:
                 fh.write(text)
             self.offsets[name] = int(chunk["to"])
 
-    def argv(self) -> list[str]:
-        """The command that writes the live page."""
-        return [self.python, "-m", "ddplab.controller.report", str(self.run_dir), "--metrics",
-                str(self.watch_dir), "--live", str(max(1, round(self.interval_s)))]
-
     def _reap(self, wait_s: float = 0.0) -> bool:
         """Whether no build of this watch is running now (waiting up to ``wait_s``); releases the
         lock and notes the error of a failed build."""
@@ -123,14 +118,13 @@ class LiveReport:
         self.lock.release()
         return True
 
-    def maybe_build(self, now: float | None = None) -> bool:
+    def maybe_build(self) -> bool:
         """Start a build in the background when none runs (here or in another trainer's watch) and
         report.html is older than 0.8 interval; returns whether one was started."""
         if not self._reap():
             return False
-        now = time.time() if now is None else now
         try:
-            age = now - (self.run_dir / "report.html").stat().st_mtime
+            age = time.time() - (self.run_dir / "report.html").stat().st_mtime
         except OSError:
             age = float("inf")
         if age < 0.8 * self.interval_s:
@@ -140,9 +134,11 @@ class LiveReport:
         except filelock.Timeout:
             return False  # another trainer's watch is building it
         env = dict(os.environ, PYTHONPATH=self.pythonpath) if self.pythonpath else None
+        argv = [self.python, "-m", "ddplab.controller.report", str(self.run_dir), "--metrics",
+                str(self.watch_dir), "--live", str(max(1, round(self.interval_s)))]  # the live page
         try:
             with open(self.watch_dir / "report.log", "w", encoding="utf-8") as log:
-                self.child = subprocess.Popen(self.argv(), stdout=subprocess.DEVNULL, stderr=log, env=env)
+                self.child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, env=env)
         except OSError:
             self.lock.release()
             raise
@@ -160,9 +156,6 @@ def first_line(exc: BaseException, limit: int = 160) -> str:
 
 class ActionModule(ActionBase):
     """See the module docstring."""
-
-    TRANSFERS_FILES = False
-    _requires_connection = True
 
     def _argv(self, args: dict, live: LiveReport | None = None) -> list[str]:
         argv = [args["python"], "-m", "ddplab.status", "--out-dir", args["out_dir"], "--unit", args["unit"],
@@ -196,35 +189,31 @@ class ActionModule(ActionBase):
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
         _, args = self.validate_argument_spec(argument_spec=ARGS)
+        if args["mode"] == "until" and args["since"] is None:
+            raise AnsibleActionFail("node_status: mode until needs since (the injection's unix time)")
         args["label"] = args["label"] or task_vars.get("inventory_hostname", "")
         args["python"] = args["python"] or self._templar.template(
             trust_as_template("{{ python_env_prefix | default('/opt/ddp-lab/venv') }}/bin/python"))
-        if args["mode"] == "until" and args["since"] is None:
-            raise AnsibleActionFail("node_status: mode until needs since (the injection's unix time)")
         start = time.monotonic()
         if args["mode"] == "once":
             doc, extra = self._once(args, task_vars)
         else:
             doc, extra = (self._watch if args["mode"] == "watch" else self._until)(args, start)
-        progress = doc.get("progress") or {}
         known = ("run_state", "unit_holds_run", "current_run", "run_dir")  # None: not known (not read)
         result.update({key: doc.get(key) for key in known})
         result.update({k: doc[k] for k in ("records", "skipped_lines", "phase", "measure") if k in doc})
+        result.update({k: doc.get(k) or {} for k in ("progress", "unit", "agent", "endpoints")})
         result.update({"changed": False, "state": doc.get("state", "error"), "error": None,
-                       "progress": progress, "unit": doc.get("unit") or {},
-                       "workers": doc.get("workers") or [],
-                       "agent": doc.get("agent") or {}, "line": doc.get("line", ""),
-                       "endpoints": doc.get("endpoints") or {}, "stop_cause": progress.get("stop_cause"),
+                       "workers": doc.get("workers") or [], "line": doc.get("line", ""),
+                       "stop_cause": result["progress"].get("stop_cause"),
                        "elapsed_s": round(time.monotonic() - start, 1), **extra})
         return result
 
     def _watch(self, args: dict, start: float) -> tuple[dict, dict]:
         """Read every interval until the agent no longer runs (see the module docstring)."""
         errors, polls, last, state = 0, 0, {}, "running"
-        live = None
-        if args["report_dir"]:
-            live = LiveReport(args["report_dir"], args["label"], args["report_python"] or "python3",
-                              args["report_pythonpath"], args["interval_s"])
+        live = LiveReport(args["report_dir"], args["label"], args["report_python"] or "python3",
+                          args["report_pythonpath"], args["interval_s"]) if args["report_dir"] else None
         while True:
             polls += 1
             try:
@@ -286,9 +275,8 @@ class ActionModule(ActionBase):
     def _unit_from_systemd(self, unit: str, task_vars: dict) -> dict:
         """The agent unit's ``UNIT_PROPS`` read by ansible.builtin.systemd_service (no state: a read),
         for a node whose ``ddplab.status`` cannot run; ``{}`` when systemd cannot be asked either."""
-        res = self._execute_module(
-            module_name="ansible.builtin.systemd_service", module_args={"name": unit}, task_vars=task_vars
-        )
+        res = self._execute_module(module_name="ansible.builtin.systemd_service", module_args={"name": unit},
+                                   task_vars=task_vars)
         status = res.get("status") or {}
         return {k: str(status[k]) for k in UNIT_PROPS if k in status} if not res.get("failed") else {}
 

@@ -48,12 +48,6 @@ WRAPPER = (
 )
 
 
-def status_argv(python: str, module: str, port: Any, state_dir: str) -> list[str]:
-    """The read of one service: ``python -m ddplab.controller.<module> status ...``."""
-    return [python, "-m", f"ddplab.controller.{module}", "status", "--port", str(port),
-            "--state-dir", state_dir]
-
-
 def parse_status(name: str, rc: int, stdout: str, stderr: str) -> dict[str, Any]:
     """The status document of one read; AnsibleActionFail (one line) when it is not an answer."""
     lines = stdout.strip().splitlines()
@@ -77,8 +71,8 @@ def start(python: str, pythonpath: str, state_dir: str, services: dict[str, Any]
     reads = {}
     for name, svc in services.items():
         out = str(Path(folder) / f"{name}.json")
-        argv = [sys.executable, "-c", WRAPPER, out,
-                *status_argv(python, svc["module"], svc["port"], state_dir)]
+        argv = [sys.executable, "-c", WRAPPER, out, python, "-m", f"ddplab.controller.{svc['module']}",
+                "status", "--port", str(svc["port"]), "--state-dir", state_dir]
         subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          env=env, start_new_session=True)
         reads[name] = out
@@ -107,7 +101,6 @@ def collect(started: dict[str, Any], timeout_s: float, poll_s: float = 0.05) -> 
 class ActionModule(ActionBase):
     """See the module docstring."""
 
-    TRANSFERS_FILES = False
     _requires_connection = False
 
     def run(self, tmp=None, task_vars=None):

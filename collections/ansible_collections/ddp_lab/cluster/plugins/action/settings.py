@@ -53,7 +53,6 @@ def _trusted(value: Any) -> Any:
 class ActionModule(ActionBase):
     """See the module docstring."""
 
-    TRANSFERS_FILES = False
     _requires_connection = False
 
     def _defaults(self, raw: dict[str, dict[str, Any]], roles_dir: Path, task_vars: dict) -> dict:

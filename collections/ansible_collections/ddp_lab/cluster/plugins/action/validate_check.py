@@ -43,12 +43,6 @@ def _base(version: Any) -> str:
     return str(version).split("+", 1)[0]
 
 
-def _env_text(found: Mapping[str, Any], names: Sequence[str]) -> str:
-    """``Python 3.11.2, torch 2.13.0, numpy 2.4.6, ...`` of a venv probe (``-`` for one not installed)."""
-    return ", ".join([f"Python {found.get('python', '?')}"]
-                     + [f"{n} {found.get(n) if found.get(n) is not None else '-'}" for n in names])
-
-
 def venv_versions(found: Any) -> dict | None:
     """``{python, <package>: version}`` of a venv probe, ``{python, packages: {name: version}}`` or
     already flat; names normalised as pip does (lower case, ``_`` -> ``-``). None for no venv."""
@@ -99,7 +93,9 @@ def versions(host: str, everyone: Mapping[str, Any], pins: Mapping[str, Any], pr
                " installed version on every host")
         problem = f"{host}: {what} in {prefix}; {fix}"
         return record("versions", problem, "", "warn" if provision else "fail")
-    return record("versions", None, f"{_env_text(mine, names)} (same on every trainer, as pinned)")
+    env = [f"Python {mine.get('python', '?')}",
+           *(f"{n} {'-' if mine.get(n) is None else mine[n]}" for n in names)]
+    return record("versions", None, f"{', '.join(env)} (same on every trainer, as pinned)")
 
 
 def route(host: str, target: str = "", rc: Any = -1, stderr: str = "", dev: Any = None,
@@ -408,9 +404,8 @@ def launch(host: str, unit_show: str, run_id: str = "", stop: Mapping[str, Any] 
     GLOO_SOCKET_IFNAME other than lo (a warning); skip without a launch. A node named by the stop
     event ``stop`` of run ``run_id`` says so (``stopped by stop.yml at T``)."""
     seen = _filters.unit_launch(unit_show)
-    stopped = ""
-    if host in ((stop or {}).get("hosts") or []):
-        stopped = f"the last run {run_id or '?'} was {stopped_at(stop)}"
+    named = host in ((stop or {}).get("hosts") or [])
+    stopped = f"the last run {run_id or '?'} was {stopped_at(stop)}" if named else ""
     if not seen["loaded"]:
         first = (f"{stopped} (its agent unit is gone)" if stopped else "no agent launched on this node yet")
         return {"check": "launch", "status": "skip", "detail": (

@@ -29,10 +29,8 @@ def collect_missing_run(node_dirs: Mapping[str, Any], home_dir: Mapping[str, Any
     """The refusal when no reachable trainer and not the controller holds run ``run_id``; '' when
     one does. ``node_dirs``: host -> its ``ansible.builtin.stat`` of ``<base_dir>/runs/<run_id>``;
     ``home_dir``: the ``stat`` of ``<runs_dir>/<run_id>`` on the controller."""
-    if ((home_dir or {}).get("stat") or {}).get("isdir"):
-        return ""
-    held = [h for h, r in node_dirs.items() if (((r or {}).get("stat") or {}).get("isdir"))]
-    if held:
+    stats = [(r or {}).get("stat") or {} for r in [home_dir, *node_dirs.values()]]
+    if any(stat.get("isdir") for stat in stats):
         return ""
     unreached = [h for h, r in node_dirs.items() if (r or {}).get("unreachable")]
     reached = [h for h in node_dirs if h not in unreached]

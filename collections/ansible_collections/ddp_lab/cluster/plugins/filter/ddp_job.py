@@ -23,11 +23,8 @@ STDERR = re.compile(r"/attempt_(\d+)/(\d+)/stderr\.log$")
 def local_ranks_of(workers: Iterable[Mapping[str, Any]], rank: Any = None) -> list[int]:
     """The local ranks of this node's workers (``ddplab.status`` ``workers``) that hold global
     ``rank`` now (every one when ``rank`` is None or ''); ``[]`` before any record."""
-    out = []
-    for w in workers or []:
-        if rank in (None, "") or (w.get("rank") is not None and int(w["rank"]) == int(rank)):
-            out.append(int(w.get("local_rank") or 0))
-    return sorted(set(out))
+    return sorted({int(w.get("local_rank") or 0) for w in workers or []
+                   if rank in (None, "") or (w.get("rank") is not None and int(w["rank"]) == int(rank))})
 
 
 def newest_stderr(files: Iterable[Mapping[str, Any]], local_ranks: Iterable[int]) -> list[str]:
@@ -255,12 +252,11 @@ def engine(host: str, fault_tolerance: Any, worker_argv: Iterable[Any], nproc_pe
            grad_compression: Any = "none") -> dict:
     """The recovery engine: torchelastic, or a lighthouse engine with one ddplab.train worker per
     laptop (no ``worker_argv``, ``nproc_per_node`` 1) and ``grad_compression`` none."""
-    groups = LIGHTHOUSE_ENGINES
     good = fault_tolerance == "torchelastic" or (
-        fault_tolerance in groups and not worker_argv and str(nproc_per_node).strip() == "1")
+        fault_tolerance in LIGHTHOUSE_ENGINES and not worker_argv and str(nproc_per_node).strip() == "1")
     problem = None if good else (
         f"{host}: ddp_job_fault_tolerance={fault_tolerance} (worker argv {list(worker_argv or [])},"
-        f" nproc_per_node {nproc_per_node}); fix: torchelastic, or {' or '.join(groups)} with one"
+        f" nproc_per_node {nproc_per_node}); fix: torchelastic, or {' or '.join(LIGHTHOUSE_ENGINES)} with one"
         " ddplab.train worker per laptop (one torchft replica group each): leave ddp_job_worker_argv"
         " empty and ddp_job_nproc_per_node 1")
     if good and fault_tolerance != "torchelastic" and grad_compression not in (None, "none"):

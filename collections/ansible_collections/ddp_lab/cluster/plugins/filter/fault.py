@@ -26,19 +26,11 @@ KINDS = {"int": "an integer", "float": "a number", "bool": "true or false", "dic
 def without_options(argv: Sequence[Any], options: Iterable[str]) -> list[str]:
     """``argv`` (strings) without each option in ``options`` and its value (``--opt value`` or
     ``--opt=value``); everything else in order."""
-    drop = set(options)
-    out: list[str] = []
-    skip = False
+    drop, out, value_next = set(options), [], False
     for arg in map(str, argv):
-        if skip:
-            skip = False
-            continue
-        if arg in drop:
-            skip = True
-            continue
-        if arg.split("=", 1)[0] in drop and "=" in arg:
-            continue
-        out.append(arg)
+        if not (value_next or arg in drop or arg.split("=", 1)[0] in drop):
+            out.append(arg)
+        value_next = not value_next and arg in drop  # the next word is this option's value
     return out
 
 
@@ -160,12 +152,10 @@ def intent(plan: Mapping[str, Any], check_mode: bool, mode: str, run_id: str, du
     """What kill-node.yml is about to do (or would, in ``check_mode``), in one line: the fault, the
     target of ``plan`` (:func:`resolve`) with rank and world size, the run, the duration of a timed
     fault (``duration_s`` > 0), the node watched and for how long."""
-    def known(value: Any) -> Any:
-        return "?" if value is None else value
-
+    rank, size = ("?" if plan.get(k) is None else plan[k] for k in ("target_rank", "world_size"))
     lasting = f" for {duration_s} s" if float(duration_s or 0) > 0 else ""
     return (f"{'Would inject' if check_mode else 'Injecting'} {mode} into {plan['target']}"
-            f" (rank {known(plan.get('target_rank'))}, world size {known(plan.get('world_size'))})"
+            f" (rank {rank}, world size {size})"
             f" of run {run_id}{lasting}; watching from {plan['probe']} for up to {timeout_s} s")
 
 
@@ -222,16 +212,16 @@ def not_recovered(progress: Mapping[str, Any], run_id: str, mode: str, target: s
     # the watched node's job ended, but an agent still runs elsewhere: the job is not over
     training = [h for h, end in ends.items() if str(end or "").startswith(f"{h}: active")]
     if ended and training:
+        how = "lost sight of the job"
         fix = (f"The job still runs on {', '.join(training)}: the node watched ended (another fault there?);"
                " `ansible-playbook status.yml` shows the job")
     elif ended:
+        how = "ended"
         fix = ("The job is over; fix: start a new run with site.yml (more faults per run need a higher"
                " ddp_job_max_restarts)")
     else:
+        how = f"did not recover within {timeout_s} s"
         fix = f"Fix: look at journalctl -u {unit} on the nodes, or wait longer (-e fault_wait_timeout_s=...)"
-    how = f"did not recover within {timeout_s} s"
-    if ended:
-        how = "lost sight of the job" if training else "ended"
     return (f"run {run_id} {how} after {mode} of {target}{rank}. Agents: {agents}."
             f" Last failure record: {do_truncate(JINJA, cause, 200, leeway=5)}. {fix}")
 

@@ -4,9 +4,9 @@ role's rule for its settings (:data:`SETTINGS`: the torch version's form)."""
 from __future__ import annotations
 
 import re
-from collections import Counter
 from typing import Any
 
+from ansible_collections.ddp_lab.cluster.plugins.filter.validate import odd_ones
 from ansible_collections.ddp_lab.cluster.plugins.module_utils.settings import record
 
 # Legacy manylinux names and the glibc minor version each one stands for (PEP 600).
@@ -61,21 +61,16 @@ def mismatch_summary(values: dict) -> str:
     """Describe which hosts differ from the most common value; ``""`` when all are equal.
 
     ``values``: ``{host: str}``. Example: ``"laptop-c has 3.12 (laptop-a, laptop-b have 3.11)"``.
-    Ties go to the value of the first host in order.
+    Ties go to the value of the first host in order (:func:`odd_ones` of the validate filters).
     """
-    counts = Counter(values.values())
-    if len(counts) <= 1:
-        return ""
-    order = list(dict.fromkeys(values.values()))
-    common = max(order, key=lambda v: (counts[v], -order.index(v)))
-    odd = [v for v in order if v != common]
-    parts = []
-    for value in odd:
+    found = odd_ones(values)
+
+    def have(value: Any) -> str:
         hosts = [h for h, v in values.items() if v == value]
-        parts.append(f"{', '.join(hosts)} {'has' if len(hosts) == 1 else 'have'} {value}")
-    majority = [h for h, v in values.items() if v == common]
-    return (f"{'; '.join(parts)} ({', '.join(majority)} "
-            f"{'has' if len(majority) == 1 else 'have'} {common})")
+        return f"{', '.join(hosts)} {'has' if len(hosts) == 1 else 'have'} {value}"
+
+    odd = dict.fromkeys(values[h] for h in found["odd"])  # each value once, in the hosts' order
+    return f"{'; '.join(map(have, odd))} ({have(found['reference'])})" if odd else ""
 
 
 def dist_info_globs(requirements: list[str]) -> list[str]:

@@ -46,11 +46,7 @@ def sharing_keys(values: dict) -> dict[str, list[str]]:
 
 def connection_targets(hosts: list, hostvars) -> dict:
     """``{host: machine}``: each host's ``ansible_host``, or its inventory name when unset."""
-    targets = {}
-    for host in hosts:
-        value = hostvars[host].get("ansible_host") if host in hostvars else None
-        targets[host] = value or host
-    return targets
+    return {h: (hostvars[h].get("ansible_host") if h in hostvars else None) or h for h in hosts}
 
 
 def is_loopback(address) -> bool:
@@ -163,9 +159,8 @@ def resume_plan(nodes: dict, run_id: str, given_vars: dict, looked_in: str = "")
 
 def route_info(stdout: str) -> dict:
     """``{dev, src}`` of one line of ``ip -4 -o route get ADDR`` (None where missing)."""
-    dev = re.search(r"\bdev\s+(\S+)", stdout or "")
-    src = re.search(r"\bsrc\s+(\S+)", stdout or "")
-    return {"dev": dev.group(1) if dev else None, "src": src.group(1) if src else None}
+    found = {key: re.search(rf"\b{key}\s+(\S+)", stdout or "") for key in ("dev", "src")}
+    return {key: m.group(1) if m else None for key, m in found.items()}
 
 
 def lock_holders(proc_locks: str, files: list) -> list[dict]:
@@ -203,21 +198,13 @@ def clock_offset(date_time: dict, before: float, after: float) -> dict:
 
 def show_props(show: str) -> dict[str, str]:
     """``KEY=VALUE`` lines of ``systemctl show`` as a dict."""
-    props: dict[str, str] = {}
-    for line in (show or "").splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            props[key] = value
-    return props
+    return dict(line.split("=", 1) for line in (show or "").splitlines() if "=" in line)
 
 
 def unit_environment(props: dict[str, str]) -> dict[str, str]:
     """The unit's ``Environment`` property (space-separated ``KEY=VALUE`` words) as a dict."""
-    env = {}
-    for word in shlex.split(props.get("Environment", "") or ""):
-        key, _, value = word.partition("=")
-        env[key] = value
-    return env
+    words = shlex.split(props.get("Environment", "") or "")
+    return {key: value for key, _, value in (word.partition("=") for word in words)}
 
 
 def interface_addresses(stdout: str) -> list[dict]:
@@ -236,11 +223,8 @@ def interface_addresses(stdout: str) -> list[dict]:
 def gloo_ifname_address(addresses: list[dict], ifname: str) -> str | None:
     """The address gloo binds for ``GLOO_SOCKET_IFNAME=ifname``: the first ``getifaddrs`` entry
     named ``ifname``, IPv4 first (a labelled IPv4 address does not match); None without one."""
-    for family in ("inet", "inet6"):
-        for entry in addresses:
-            if entry["family"] == family and entry["label"] == ifname:
-                return entry["address"]
-    return None
+    return next((e["address"] for family in ("inet", "inet6") for e in addresses
+                 if e["family"] == family and e["label"] == ifname), None)
 
 
 def unit_launch(show: str) -> dict:

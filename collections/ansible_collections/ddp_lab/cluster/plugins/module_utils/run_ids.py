@@ -42,10 +42,8 @@ def run_id_problems(candidates: Any, given: Mapping[str, Any] | None = None) -> 
     for value in _listed(candidates):
         text = "" if value is None else str(value).strip()
         names = [n for n in RUN_ID_VARS if n in given and str(given.get(n) or "").strip() == text]
-        line = run_id_problem(text, names[0] if names else "run id")
-        if line and line not in lines:
-            lines.append(line)
-    return lines
+        lines.append(run_id_problem(text, names[0] if names else "run id"))
+    return [line for line in dict.fromkeys(lines) if line]
 
 
 def _listed(candidates: Any) -> list:

@@ -73,6 +73,7 @@ files:
 """
 
 import configparser  # noqa: E402
+import contextlib  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
 
@@ -95,11 +96,8 @@ def read_order(header: str, dirs: dict[str, str]) -> list[str]:
         raise ValueError(f"not a NetworkManager --print-config header: {header!r}")
     groups = {kind: [n.strip() for n in names.split(",") if n.strip()]
               for kind, names in _GROUP.findall(match.group(2))}
-    order = [os.path.join(dirs["lib"], n) for n in groups.get("lib", [])]
-    order += [os.path.join(dirs["run"], n) for n in groups.get("run", [])]
-    order.append(match.group(1))
-    order += [os.path.join(dirs["etc"], n) for n in groups.get("etc", [])]
-    return order
+    lib, run, etc = ([os.path.join(dirs[k], n) for n in groups.get(k, [])] for k in ("lib", "run", "etc"))
+    return [*lib, *run, match.group(1), *etc]
 
 
 def _parse(text: str) -> configparser.ConfigParser:
@@ -165,11 +163,8 @@ def main() -> None:
     value = merged.get("connection", p["key"], fallback=None)
     texts = []
     for path in [*order, p["intern_config"]]:
-        try:
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                texts.append((path, handle.read()))
-        except OSError:
-            continue
+        with contextlib.suppress(OSError), open(path, encoding="utf-8", errors="replace") as handle:
+            texts.append((path, handle.read()))
     found = setters(texts, p["key"])
     wrong = overriding(found, p["want"])
     text = "; ".join(f"{s['file']} [{s['section']}] sets {s['value']}" for s in wrong)
