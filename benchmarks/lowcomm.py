@@ -9,7 +9,8 @@ figure is read from the collected run folder (ddplab.controller.rundir.load_run)
   noise seeds                  fp32 at seeds S+1..S+K (``--noise-seeds``) at the first link rate:
                                the seed-noise band of fault-free runs' final val loss
   gpt2                         ``--gpt2-steps`` steps of the gpt2 preset (124M parameters, the seed's
-                               496 MB exchange) for the DDP modes at each link rate (0: none)
+                               496 MB exchange) for the DDP modes at the first link rate (0: none;
+                               at the slower rates the fp32 exchange alone takes about a minute)
 
 Links: before each link rate of ``--links`` (Mbit/s) the lab's own limits are applied
 (``lab/lab.py up --link-mbit R --cpus C``: tbf on every laptop's egress, a CPU quota per laptop; docs/lab.md);
@@ -289,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             plan = [("small", m, a.steps, a.seed) for m in modes]
             if i == 0:
                 plan += [("small", "fp32", a.steps, a.seed + k) for k in range(1, a.noise_seeds + 1)]
-            if a.gpt2_steps:
+            if a.gpt2_steps and i == 0:
                 plan += [("gpt2", m, a.gpt2_steps, a.seed) for m in modes if m in DDP_MODES]
             for preset, mode, steps, seed in plan:
                 rows.append(one_run(a, link, mode, preset, steps, seed))

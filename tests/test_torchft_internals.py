@@ -114,17 +114,19 @@ def test_the_bound_gloo_group_is_built_by_torchfts_configure():
 @pytest.mark.slow
 def test_diloco_syncs_torchfts_fragment_of_the_whole_model(make_replica):  # noqa: F811
     """ddplab.engines.diloco: ``DiLoCo(manager, [model], inner, outer, sync_every=...,
-    pin_memory=False)`` holds one fragment (``DiLoCo._fragments``) whose ``original_parameters``
-    (name -> tensor) are the global parameters the engine checkpoints and writes back at a resume,
-    and a sync is ``prepare_sync()`` then ``perform_sync()`` -> committed: the outer step from the
-    global parameters with the pseudo-gradient global - own (outer lr 0.5: their midpoint)."""
+    pin_memory=False, use_bucketization=True, bucket_cap_mb=<the model's size + 1>)`` holds one
+    fragment (``DiLoCo._fragments``) whose ``original_parameters`` (name -> tensor) are the global
+    parameters the engine checkpoints and writes back at a resume, and a sync is
+    ``prepare_sync()`` (with a bucket as large as the model: one all-reduce, ``_allreduce_work``,
+    for every parameter) then ``perform_sync()`` -> committed: the outer step from the global
+    parameters with the pseudo-gradient global - own (outer lr 0.5: their midpoint)."""
     from torchft.local_sgd import DiLoCo
 
     replica = make_replica()
     model = torch.nn.Linear(3, 2)
     outer = torch.optim.SGD(model.parameters(), lr=0.5)
     diloco = DiLoCo(replica.manager, [model], torch.optim.SGD(model.parameters(), lr=0.1), outer,
-                    sync_every=2, pin_memory=False)
+                    sync_every=2, pin_memory=False, use_bucketization=True, bucket_cap_mb=1)
     (fragment,) = diloco._fragments
     names = [name for name, _ in model.named_parameters()]
     assert list(fragment.original_parameters) == names
@@ -135,6 +137,7 @@ def test_diloco_syncs_torchfts_fragment_of_the_whole_model(make_replica):  # noq
             p.fill_(2.0)  # this replica's own parameters after its inner steps
     assert replica.start_step() == (0, 1)
     fragment.prepare_sync()
+    assert len(fragment._allreduce_work) == 1  # weight and bias in one bucket
     assert fragment.perform_sync() is True
     for name, p in model.named_parameters():
         assert torch.equal(p.detach(), torch.ones_like(p)), name  # 0 - 0.5 * (0 - 2)
