@@ -266,11 +266,16 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=None, help="raw figures (JSON); default runs/bench-lowcomm-<time>.json"
     )
     p.add_argument("--table", type=Path, default=None, help="print the table of an earlier run's JSON")
+    p.add_argument("--write", action="store_true", help="with --table: write the results page from it too")
     p.add_argument("-e", "--extra", action="append", default=[], help="extra var for every playbook")
     add_results_dir(p)
     a = p.parse_args(argv)
     if a.table is not None:
-        print(table(json.loads(a.table.read_text())["runs"]))
+        raw = json.loads(a.table.read_text())
+        print(table(raw["runs"]))
+        if a.write:
+            notes = [*raw.get("notes", []), f"raw figures: {a.table} (the runs an earlier invocation finished)"]
+            print(f"results: {write_results(raw['runs'], notes, a)}")
         return 0
     hs = [h for h in a.sync_every.split(",") if h]
     modes = [m for m in a.modes.split(",") if m] or [*DDP_MODES, *(f"diloco-{h}" for h in hs)]
@@ -303,22 +308,30 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not a.no_shape:
             notes.append(f"after the benchmark: {shape(a, 'off')}")
-    text = table(rows)
+    print(f"\n{table(rows)}\n\nraw figures: {out}")
+    print(f"results: {write_results(rows, [*notes, f'raw figures: {out}'], a, load_before)}")
+    return 0
+
+
+def write_results(rows: list[dict], notes: list[str], a: argparse.Namespace, load_before: Any = None) -> Path:
+    """benchmarks/results/lowcomm.md: the table of ``rows`` (the runs' steps read from the rows).
+    ``load_before`` None (``--table --write``: the figures of an earlier invocation's JSON, e.g. one
+    that was interrupted, its finished runs only): each row's own load column stands for it."""
+    steps = {p: sorted({r["steps"] for r in rows if r["preset"] == p}) for p in ("small", "gpt2")}
     heading = (
-        f"bytes on the wire, step time, tokens/s, communication share and final val loss per mode "
-        f"(3 laptops; small preset {a.steps} steps, gpt2 {a.gpt2_steps} steps)"
+        "bytes on the wire, step time, tokens/s, communication share and final val loss per mode "
+        f"(3 laptops; small preset {'/'.join(map(str, steps['small'])) or '-'} steps, "
+        f"gpt2 {'/'.join(map(str, steps['gpt2'])) or '0'} steps)"
     )
-    print(f"\n{heading}\n{text}\n\nraw figures: {out}")
-    path = results.write(
+    return results.write(
         "lowcomm",
-        f"{heading}\n\n{results.code_block(text)}",
+        f"{heading}\n\n{results.code_block(table(rows))}",
         title="Compressed gradients and DiLoCo over shaped links, side by side",
-        load_before=load_before,
-        notes=[*notes, f"raw figures: {out}"],
+        load_before=load_before if load_before is not None else "per run: the table's load column",
+        load_after=None if load_before is not None else "per run: the table's load column",
+        notes=notes,
         out_dir=a.results_dir,
     )
-    print(f"results: {path}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -92,22 +92,25 @@ def test_a_runs_figures_from_its_folder(tmp_path):
     assert lowcomm.figures(run, start=3)["nic_sent"] == 1040
 
 
+def row(mode, seed, sent, val, preset="small"):
+    return {
+        "link_mbit": "1000",
+        "mode": mode,
+        "preset": preset,
+        "seed": seed,
+        "steps": 3 if preset == "gpt2" else 500,
+        "nic_sent": sent,
+        "model": sent,
+        "step_s": 0.2,
+        "tokens_per_s": 1000.0,
+        "comm_share": 0.1,
+        "val": val,
+        "load_start": "3.1 2.0 1.0",
+        "load_end": "4.2 2.0 1.0",
+    }
+
+
 def test_the_table_sets_every_mode_beside_fp32_and_the_noise_band():
-    def row(mode, seed, sent, val, preset="small"):
-        return {
-            "link_mbit": "1000",
-            "mode": mode,
-            "preset": preset,
-            "seed": seed,
-            "nic_sent": sent,
-            "model": sent,
-            "step_s": 0.2,
-            "tokens_per_s": 1000.0,
-            "comm_share": 0.1,
-            "val": val,
-            "load_start": "3.1 2.0 1.0",
-            "load_end": "4.2 2.0 1.0",
-        }
 
     rows = [
         row("fp32", 1, 4e6, 2.00),
@@ -139,3 +142,17 @@ def test_the_note_of_each_stage_says_how_the_links_were_left(monkeypatch):
     assert lowcomm.shape(a, "100") == "lab limits: every laptop's egress tbf 100 Mbit/s, CPU quota 0.6"
     assert lowcomm.shape(a, "off") == "lab limits: every laptop's egress not shaped, CPU quota 0.6"
     assert calls == ["100", "off"]
+
+
+def test_an_earlier_runs_json_writes_the_results_page_with_table_and_write(tmp_path, capsys):
+    """--table JSON --write: the page of an earlier (e.g. interrupted) invocation's finished runs,
+    its notes and raw-figures line, the steps read from the rows."""
+    raw = tmp_path / "bench-lowcomm-x.json"
+    rows = [row("fp32", 1, 4e6, 2.00), row("fp32", 2, 4e6, 1.98), row("fp32", 1, 5e8, None, "gpt2")]
+    raw.write_text(json.dumps({"runs": rows, "notes": ["1000 Mbit/s: lab limits: every laptop's egress"]}))
+    assert lowcomm.main(["--table", str(raw)]) == 0 and not (tmp_path / "lowcomm.md").exists()
+    assert lowcomm.main(["--table", str(raw), "--write", "--results-dir", str(tmp_path)]) == 0
+    page = (tmp_path / "lowcomm.md").read_text()
+    assert "(3 laptops; small preset 500 steps, gpt2 3 steps)" in page and "noise band at 1000 Mbit/s" in page
+    assert "per run: the table's load column" in page and f"raw figures: {raw}" in page
+    assert "1000 Mbit/s: lab limits" in page
