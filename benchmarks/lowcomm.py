@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         raw = json.loads(a.table.read_text())
         print(table(raw["runs"]))
         if a.write:
-            notes = [*raw.get("notes", []), f"raw figures: {a.table} (the runs an earlier invocation finished)"]
+            notes = [*raw.get("notes", []), f"raw figures: {a.table} (runs an earlier invocation finished)"]
             print(f"results: {write_results(raw['runs'], notes, a)}")
         return 0
     hs = [h for h in a.sync_every.split(",") if h]
