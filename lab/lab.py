@@ -995,30 +995,6 @@ def apply_cpus(name: str, want: float | None, state: dict) -> list[str]:
     return [line]
 
 
-def prioritise(name: str, proc: Path = Path("/proc"), cgroup_root: str = "/sys/fs/cgroup") -> list[str]:
-    """Give the parent cgroup of container ``name`` the highest CPU weight (node_limits.parent_weight)
-    when it has another; returns what changed. Without it, busy processes of the host outside the
-    lab share the CPUs with the lab's containers by weight and a node gets less than its quota.
-
-    Raises:
-        LabError: the weight cannot be written (not root, a read-only cgroup file system).
-    """
-    pid = out(podman("inspect", "-f", "{{.State.Pid}}", name)).strip()
-    found = node_limits.parent_weight((proc / pid / "cgroup").read_text(), cgroup_root)
-    if found is None:
-        return []
-    path, weight = Path(found[0]), found[1]
-    try:
-        if int(path.read_text()) == weight:
-            return []
-        path.write_text(f"{weight}\n")
-    except (OSError, ValueError) as exc:
-        raise LabError(f"{name}: cannot give its parent cgroup the highest CPU weight ({path}: {exc}); "
-                       "the lab runs as root, with the cgroup file system writable") from None
-    return [f"{path.parent.name}: CPU weight {weight} "
-            "(the host's other processes cannot take a node's share)"]
-
-
 def quota_text(quota: float | None) -> str:
     return "none" if quota is None else f"{quota:g}"
 
@@ -1162,7 +1138,7 @@ def apply_limits(
     for i, name in enumerate(names):
         state = container_state(name) or {}
         if cpus is not None:
-            changed += apply_cpus(name, cpus[i], state) + prioritise(name)
+            changed += apply_cpus(name, cpus[i], state)
         if link_mbit is not None:
             changed += apply_link(name, node_ifname(name), link_mbit)
     limits = read_limits(names)

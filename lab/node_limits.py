@@ -13,9 +13,7 @@ back what is in force. Standard library only (``lab/lab.py`` runs before the con
   that stops for up to 70 ms at a time (0.3 CPU); with 10 ms the stops are short and the node
   runs as a slower laptop would. With shares that add up to no more than the machine's CPUs,
   every node has a known, separate speed. One value applies to every node; a list gives one per
-  node, in address order. ``off`` means no quota. A quota is a ceiling, not a guarantee: the
-  containers' parent cgroup also gets the highest CPU weight (:func:`parent_weight`), so that
-  processes of the host outside the lab (a test run, a build) cannot take a node's share away.
+  node, in address order. ``off`` means no quota.
 * **Link**: a ``tbf`` queueing discipline on each node's egress interface (what it sends), so that
   every directed link between two nodes runs at the rate, as a port of a gigabit switch does. A
   unit inside the node applies it at every boot (``LINK_UNIT``): a node powered off and started
@@ -144,33 +142,6 @@ def cpu_args(cpus: float) -> list[str]:
     :data:`MIN_QUOTA_US`) and Q = round(cpus x P)."""
     period = max(CPU_PERIOD_US, math.ceil(MIN_QUOTA_US / cpus))
     return ["--cpu-period", str(period), "--cpu-quota", str(round(cpus * period))]
-
-
-#: The highest CPU weight of a cgroup: ``cpu.shares`` under cgroup v1, ``cpu.weight`` under v2.
-MAX_WEIGHT = {"cpu.shares": 262_144, "cpu.weight": 10_000}
-
-
-def parent_weight(proc_cgroup: str, root: str = "/sys/fs/cgroup") -> tuple[str, int] | None:
-    """The file of the CPU weight of the parent cgroup of a process and the highest weight, from
-    the process's ``/proc/<pid>/cgroup``: cgroup v1 (a ``cpu`` controller line, e.g.
-    ``1:cpu,cpuacct:/libpod_parent/libpod-<id>``: ``<root>/cpu,cpuacct/libpod_parent/cpu.shares``)
-    before v2 (``0::/machine.slice/libpod-<id>.scope``: ``<root>/machine.slice/cpu.weight``).
-    None when the parent is the root cgroup (its weight cannot be set) or no CPU controller is
-    named."""
-    v1 = v2 = None
-    for line in proc_cgroup.splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "cpu" in controllers.split(","):
-            v1 = (controllers, path)
-        elif controllers == "":
-            v2 = path
-    if v1 is not None:
-        parent = v1[1].rstrip("/").rpartition("/")[0]
-        return (f"{root}/{v1[0]}{parent}/cpu.shares", MAX_WEIGHT["cpu.shares"]) if parent else None
-    if v2 is not None:
-        parent = v2.rstrip("/").rpartition("/")[0]
-        return (f"{root}{parent}/cpu.weight", MAX_WEIGHT["cpu.weight"]) if parent else None
-    return None
 
 
 def same_share(a: float | None, b: float | None) -> bool:

@@ -578,8 +578,6 @@ def limits_lab(lab, fake_lab, monkeypatch):
             return changed
 
         fake.measured = {"cpu": [], "link": []}
-        fake.prioritised = []
-        monkeypatch.setattr(lab, "prioritise", lambda name: fake.prioritised.append(name) or [])
         monkeypatch.setattr(lab, "put_node_file", put)
         monkeypatch.setattr(lab, "host_cpus", lambda: 2)
         monkeypatch.setattr(lab, "measure_cpu", lambda names: fake.measured["cpu"].append(names) or {
@@ -637,35 +635,6 @@ def test_shares_over_the_machines_cpus_give_a_warning(lab):
     assert "add up to 2.6 CPUs" in warn((0.6, None), 2)  # a node without a quota can take them all
 
 
-@pytest.mark.parametrize(
-    ("proc_cgroup", "found"),
-    [("12:memory:/libpod_parent/libpod-1\n1:cpu,cpuacct:/libpod_parent/libpod-1\n0::/libpod_parent/libpod-1\n",
-      ("/sys/fs/cgroup/cpu,cpuacct/libpod_parent/cpu.shares", 262_144)),
-     ("1:cpu:/libpod_parent/libpod-1\n", ("/sys/fs/cgroup/cpu/libpod_parent/cpu.shares", 262_144)),
-     ("0::/machine.slice/libpod-1.scope\n", ("/sys/fs/cgroup/machine.slice/cpu.weight", 10_000)),
-     ("1:cpu:/libpod-1\n", None), ("0::/\n", None), ("4:memory:/x/y\n", None)],
-)
-def test_the_lab_parent_cgroups_weight_file_is_found_for_cgroup_v1_and_v2(lab, proc_cgroup, found):
-    assert lab.node_limits.parent_weight(proc_cgroup) == found
-
-
-def test_prioritise_gives_the_containers_parent_the_highest_cpu_weight_once(lab, monkeypatch, tmp_path):
-    (tmp_path / "proc" / "42").mkdir(parents=True)
-    (tmp_path / "proc" / "42" / "cgroup").write_text("1:cpu,cpuacct:/libpod_parent/libpod-9\n")
-    shares = tmp_path / "cg" / "cpu,cpuacct" / "libpod_parent" / "cpu.shares"
-    shares.parent.mkdir(parents=True)
-    shares.write_text("1024\n")
-    monkeypatch.setattr(lab, "podman", lambda *a, **k: subprocess.CompletedProcess(a, 0, b"42\n", b""))
-    changed = lab.prioritise("laptop-a", tmp_path / "proc", str(tmp_path / "cg"))
-    assert shares.read_text() == "262144\n" and changed == [
-        "libpod_parent: CPU weight 262144 (the host's other processes cannot take a node's share)"]
-    assert lab.prioritise("laptop-a", tmp_path / "proc", str(tmp_path / "cg")) == []  # already in force
-    shares.unlink()  # no such cgroup file (e.g. another cgroup layout): one line that says what to do
-    with pytest.raises(lab.LabError, match=r"^laptop-a: cannot give its parent cgroup the highest CPU "
-                                           r"weight .*the lab runs as root, with the cgroup file system"):
-        lab.prioritise("laptop-a", tmp_path / "proc", str(tmp_path / "cg"))
-
-
 def test_the_link_unit_shapes_the_egress_with_the_labs_tbf(lab):
     nl = lab.node_limits
     unit = nl.link_unit("eth0", 1000)
@@ -694,7 +663,6 @@ def test_up_with_cpus_makes_each_laptop_with_its_quota(lab, limits_lab, capsys):
     assert lab.main(["up", "--cpus", "0.6,0.6,0.3"]) == 0  # no LAB_NODES: one laptop per share
     made = {n: c["made"] for n, c in fake.containers.items()}
     assert made == {"laptop-a": 0.6, "laptop-b": 0.6, "laptop-c": 0.3}
-    assert fake.prioritised == ["laptop-a", "laptop-b", "laptop-c"]  # quotas guaranteed, not only capped
     assert fake.updates == [] and fake.measured["cpu"] == [["laptop-a", "laptop-b", "laptop-c"]]
     trainers = _hosts(lab)
     assert {n: (h["lab_cpus"], h["ddp_job_threads"]) for n, h in trainers["hosts"].items()} == {
