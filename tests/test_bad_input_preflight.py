@@ -37,6 +37,7 @@ from ansible_collections.ddp_lab.cluster.plugins.filter import ddp_job as job_fi
 from ansible_collections.ddp_lab.cluster.plugins.filter import firewall as firewall_filters
 from ansible_collections.ddp_lab.cluster.plugins.filter import validate as val
 from ansible_collections.ddp_lab.cluster.plugins.module_utils import settings
+from ansible_collections.ddp_lab.cluster.plugins.module_utils.hostvars import odd_ones
 from labharness import (
     REPO,
     Lab,
@@ -135,8 +136,8 @@ def test_route_and_loopback_helpers():
 
 
 def test_odd_ones_and_sharing_keys():
-    assert val.odd_ones({"a": "2.13", "b": "2.12", "c": "2.13"}) == {"reference": "2.13", "odd": ["b"]}
-    assert val.odd_ones({"a": None}) == {"reference": None, "odd": []}
+    assert odd_ones({"a": "2.13", "b": "2.12", "c": "2.13"}) == {"reference": "2.13", "odd": ["b"]}
+    assert odd_ones({"a": None}) == {"reference": None, "odd": []}
     assert val.sharing_keys({"a": "x", "b": "x", "c": "y", "d": ""}) == {"a": ["b"], "b": ["a"]}
 
 

@@ -31,6 +31,7 @@ from ansible.plugins.action import ActionBase
 from ansible_collections.ddp_lab.cluster.plugins.filter import validate as _filters
 from ansible_collections.ddp_lab.cluster.plugins.module_utils import interfaces as _interfaces
 from ansible_collections.ddp_lab.cluster.plugins.module_utils.become import become_problem
+from ansible_collections.ddp_lab.cluster.plugins.module_utils.hostvars import odd_ones
 from ansible_collections.ddp_lab.cluster.plugins.module_utils.settings import record
 from ansible_collections.ddp_lab.cluster.plugins.module_utils.ssh import host_key_changed
 from ddplab.runstate import stopped_at
@@ -74,7 +75,7 @@ def versions(host: str, everyone: Mapping[str, Any], pins: Mapping[str, Any], pr
                " pinned packages")
     known = {h: json.dumps({k: (_base(v) if k in names else v) for k, v in sorted(e.items())
                             if k == "python" or k in names}) for h, e in everyone.items() if e is not None}
-    odd = _filters.odd_ones(known)
+    odd = odd_ones(known)
     if host in odd["odd"]:
         alike = [h for h in known if h not in odd["odd"]]
         ref, others = everyone[alike[0]] if alike else json.loads(odd["reference"]), ", ".join(alike)

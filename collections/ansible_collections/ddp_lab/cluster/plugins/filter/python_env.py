@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ansible_collections.ddp_lab.cluster.plugins.filter.validate import odd_ones
+from ansible_collections.ddp_lab.cluster.plugins.module_utils.hostvars import odd_ones
 from ansible_collections.ddp_lab.cluster.plugins.module_utils.settings import record
 
 # Legacy manylinux names and the glibc minor version each one stands for (PEP 600).
@@ -61,7 +61,7 @@ def mismatch_summary(values: dict) -> str:
     """Describe which hosts differ from the most common value; ``""`` when all are equal.
 
     ``values``: ``{host: str}``. Example: ``"laptop-c has 3.12 (laptop-a, laptop-b have 3.11)"``.
-    Ties go to the value of the first host in order (:func:`odd_ones` of the validate filters).
+    Ties go to the value of the first host in order (module_utils.hostvars.odd_ones).
     """
     found = odd_ones(values)
 

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shlex
-from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -270,14 +269,6 @@ def check_table(results: list, title: str) -> str:
 def path_chain(path: str) -> list[str]:
     """``/var/lib/ddp-lab`` -> ``["/var/lib/ddp-lab", "/var/lib", "/var", "/"]`` (absolute paths)."""
     return [str(p) for p in (Path(str(path)), *Path(str(path)).parents)]
-
-
-def odd_ones(values: dict) -> dict:
-    """``{reference, odd}``: the most common value of ``{host: value}`` (None ignored; a tie goes
-    to the value seen first; None when every value is None) and the hosts that differ from it."""
-    counts = Counter(v for v in values.values() if v is not None)
-    reference = counts.most_common(1)[0][0] if counts else None
-    return {"reference": reference, "odd": [h for h, v in values.items() if v is not None and v != reference]}
 
 
 # The role's rules for its own settings (module_utils/settings.py).

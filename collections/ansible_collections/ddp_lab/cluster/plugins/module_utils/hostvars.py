@@ -1,8 +1,10 @@
-"""Per-host values out of Ansible's ``hostvars`` (:func:`host_values`), and a fact that may come
-back from a template as a string (:func:`truthy`)."""
+"""Per-host values out of Ansible's ``hostvars`` (:func:`host_values`), the hosts whose value
+differs from the most common one (:func:`odd_ones`), and a fact that may come back from a template
+as a string (:func:`truthy`)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,3 +37,11 @@ def agent_ran_hosts(hosts: Any, hostvars: Mapping[str, Any] | None) -> list[str]
 def statuses_of(hosts: Any, hostvars: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Host -> its ``ddp_job_status`` (:func:`host_values`; None without one)."""
     return host_values(hosts, hostvars, "ddp_job_status")
+
+
+def odd_ones(values: dict) -> dict:
+    """``{reference, odd}``: the most common value of ``{host: value}`` (None ignored; a tie goes
+    to the value seen first; None when every value is None) and the hosts that differ from it."""
+    counts = Counter(v for v in values.values() if v is not None)
+    reference = counts.most_common(1)[0][0] if counts else None
+    return {"reference": reference, "odd": [h for h, v in values.items() if v is not None and v != reference]}
