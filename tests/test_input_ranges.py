@@ -270,6 +270,35 @@ def test_estimate_is_the_size_of_the_measured_peak(dropout):
     assert 0.7 < got["estimate"] / got["measured"] < 1.5, got
 
 
+_CKPT_PEAK = """
+import json, resource, sys, torch
+from ddplab.checkpoint import CheckpointStore
+from ddplab import memory
+params = int(sys.argv[2])
+model = {f"h.{i}.w": torch.randn(params // 8) for i in range(8)}  # a model's tensors: P in all
+state = {"step": 1, "samples_seen": 0, "model": model,
+         "optimizer": {"exp_avg": torch.randn(params), "exp_avg_sq": torch.rand(params)}}
+store = CheckpointStore(sys.argv[1], keep=1)
+store.save({"step": 0, "samples_seen": 0, "model": {"w": torch.ones(4)}})  # one-off (FIXED)
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+store.save(state)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"measured": peak - base, "estimate": (memory.BYTES_PER_ELEMENT + 1) * params}))
+"""
+
+
+def test_a_checkpoint_write_adds_no_copy_of_the_state(tmp_path):
+    """A checkpoint of P parameters with AdamW state (12P bytes) is written with the peak RSS
+    growing by at most the estimate's 5P (the weights read back to check them), not by copies of
+    the serialized state (24P and more when it was serialized in memory and loaded back)."""
+    params = 32 << 20
+    proc = subprocess.run([sys.executable, "-c", _CKPT_PEAK, str(tmp_path / "ck"), str(params)],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["measured"] <= got["estimate"], got
+
+
 def test_presets_and_test_configs_are_not_refused():
     """The normal presets fit a laptop of 8 GB (one worker), and the tests' configurations fit
     this machine."""

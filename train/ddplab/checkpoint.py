@@ -8,8 +8,9 @@ Layout (one folder per node, no shared filesystem)::
     <out_dir>/checkpoints/ckpt-00000100.pt.corrupt  an unloadable file, moved aside (never counted)
     <out_dir>/checkpoints/.lock                     flock: one writer per node at a time
 
-A write goes: serialize in memory -> check it loads -> temp file in the same folder -> fsync ->
-sidecar temp -> fsync -> ``os.replace`` the checkpoint, then the sidecar -> fsync the folder.
+A write goes: ``torch.save`` streamed into a temp file in the same folder -> fsync -> check it loads
+(memory-mapped, so a write holds no second copy of the state in memory) -> sidecar temp -> fsync ->
+``os.replace`` the checkpoint, then the sidecar -> fsync the folder.
 
 Validity, one definition (:meth:`CheckpointStore.inspect`) used by load, save, keep-K and the
 cross-node agreement: the file matches its sidecar when it has one, loads with
@@ -166,13 +167,40 @@ def deserialize(data: bytes) -> dict[str, Any]:
     Raises:
         CheckpointError: the bytes are not a checkpoint.
     """
+    return _load_state(io.BytesIO(data))
+
+
+def load_file(path: Path) -> dict[str, Any]:
+    """The training state in the checkpoint file ``path``, memory-mapped (``torch.load(mmap=True,
+    weights_only=True)``: its tensors are views of the file's pages, not copies in memory).
+
+    Raises:
+        CheckpointError: the file is not a checkpoint.
+        OSError: it cannot be opened.
+    """
+    return _load_state(path, mmap=True)
+
+
+def _load_state(source: Any, **load_kwargs: Any) -> dict[str, Any]:
     try:
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        state = torch.load(source, map_location="cpu", weights_only=True, **load_kwargs)
+    except OSError:
+        raise
     except Exception as exc:  # torch raises several types for garbage input
         raise CheckpointError(f"cannot parse checkpoint: {_one_line(exc)}") from None
     if not isinstance(state, dict) or "step" not in state:
         raise CheckpointError("checkpoint does not hold a training state dict")
     return state
+
+
+def _file_digest(path: Path) -> tuple[str, int]:
+    """The sha256 hex digest and the size in bytes of the file ``path``, read in 1 MiB chunks."""
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
 
 
 class CheckpointStore:
@@ -401,8 +429,9 @@ class CheckpointStore:
 
     # --- writing ---------------------------------------------------------------------------
     def save(self, state: dict[str, Any]) -> SaveResult:
-        """Write ``state`` (which holds ``step``) atomically; see :meth:`save_bytes`."""
-        return self.save_bytes(int(state["step"]), serialize(state))
+        """Write ``state`` (which holds ``step``) atomically, streamed by ``torch.save`` into the
+        temp file (no serialized copy in memory); otherwise as :meth:`save_bytes`."""
+        return self._save(int(state["step"]), lambda fh: torch.save(state, fh))
 
     def save_bytes(self, step: int, data: bytes) -> SaveResult:
         """Write serialized checkpoint ``data`` for ``step`` atomically, then prune to K.
@@ -416,13 +445,15 @@ class CheckpointStore:
                 unusable, a file not ours holds ``step``, or the write fails (temp files are
                 removed; existing checkpoints are untouched).
         """
+        return self._save(step, lambda fh: fh.write(data))
+
+    def _save(self, step: int, fill: Callable[[Any], object]) -> SaveResult:
+        """``fill`` writes the checkpoint into the open temp file; it is committed only when it
+        loads back (memory-mapped: its weights are read through the page cache, not copied)."""
         t0 = time.perf_counter()
-        state = deserialize(data)  # never write what a resume could not load
-        finite = weights_finite(state)
         self.check()
         path = self.path_for(step)
         side = self.sidecar(path)
-        text = sidecar_text(path.name, hashlib.sha256(data).hexdigest(), state, finite)
         tmp = path.with_name(f".{path.name}{_TMP_MARK}{os.getpid()}")
         tmp_side = side.with_name(f".{side.name}{_TMP_MARK}{os.getpid()}")
         with self._locked():
@@ -435,7 +466,15 @@ class CheckpointStore:
                 if verdict.not_ours:
                     raise CheckpointError(f"not replacing checkpoint {path}: {verdict.reason}")
             try:
-                _write_durable(tmp, data)
+                with open(tmp, "wb") as fh:
+                    fill(fh)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                digest, size = _file_digest(tmp)
+                written = load_file(tmp)  # never commit what a resume could not load
+                finite = weights_finite(written)
+                text = sidecar_text(path.name, digest, written, finite)
+                del written
                 _write_durable(tmp_side, text.encode("ascii"))
                 os.replace(tmp, path)
                 os.replace(tmp_side, side)
@@ -449,7 +488,7 @@ class CheckpointStore:
                 st = path.stat()
                 self._valid_seen[step] = (st.st_size, st.st_mtime_ns)
                 self._prune(step)
-        return SaveResult(step, path, len(data), time.perf_counter() - t0, True)
+        return SaveResult(step, path, size, time.perf_counter() - t0, True)
 
     def _remove_stale_temps(self) -> None:
         # Called under the lock: no other writer of this node is active, so any temp is stale.

@@ -13,7 +13,7 @@ N = B * T tokens::
              ddplab.engines.base.Engine: e.g. DDP's gradient buckets, a flat all-reduce buffer)
     act    = 4 * (L*(17*N*C + [dropout > 0] (0.5*N*C + 3*B*H*T**2)) + 2*N*C + N*V     saved
                   + 9*N*C + 2*N*V + [dropout > 0] 3*B*H*T**2)                       backward
-    ckpt   = 24*P       a checkpoint write: two copies of weights and AdamW state at once
+    ckpt   = 5*P        a checkpoint write: the weights read back (4P) and a finiteness mask (<= P)
     eval   = 8 * eval_iters * B / world size       the evaluation's sample indices (int64)
     sample = 16 * sample_chars                     the generated ids, copied by each torch.cat
     index  = 16 * the step's global batch           its sample indices and their micro-batch split
@@ -32,9 +32,11 @@ dropout). This is the count of Korthikanti et al. 2022 ("Reducing Activation Rec
 Large Transformer Models", sec. 4.1) done for this model in float32; the saved set was checked
 with ``torch.autograd.graph.saved_tensors_hooks`` and the whole estimate against the peak RSS of
 training steps (tests/test_input_ranges.py measures one). ``ckpt`` follows ddplab.checkpoint: the
-state is serialized to bytes (torch.save's buffer and the bytes copied out of it) and loaded back
-to be verified before it is written. FIXED covers the one-off allocations of a process's first
-step (autograd's engine, the optimizer's first step).
+state is streamed into its file and loaded back memory-mapped to be verified, so the write adds
+the weights' pages read to check they are finite (4P, counted in the RSS though reclaimable) and
+the check's boolean mask of one tensor at a time (at most P); tests/test_input_ranges.py measures
+a write. FIXED covers
+the one-off allocations of a process's first step (autograd's engine, the optimizer's first step).
 
 Available memory: ``psutil.virtual_memory().available``, and the headroom of every memory-limited
 cgroup of this process and its ancestors (v2 ``memory.max``, v1 ``memory.limit_in_bytes``) less
@@ -207,7 +209,7 @@ def estimate(cfg: TrainConfig, vocab_size: int | None = None, world_size: int = 
         activation_bytes=activation_bytes(batch, cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd,
                                           vocab, cfg.dropout),
         index_bytes=16 * global_batch,
-        checkpoint_bytes=6 * BYTES_PER_ELEMENT * params,
+        checkpoint_bytes=(BYTES_PER_ELEMENT + 1) * params,
         eval_bytes=8 * math.ceil(cfg.eval_iters * batch / max(world_size, 1)),
         sample_bytes=16 * cfg.sample_chars,
         fixed_bytes=FIXED_BYTES,
