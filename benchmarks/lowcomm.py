@@ -182,6 +182,19 @@ def shape(a: argparse.Namespace, link: str) -> str:
     return f"lab limits: every laptop's egress {egress}, CPU quota {a.cpus}"
 
 
+def unshape(a: argparse.Namespace, notes: list[str]) -> bool:
+    """Take the lab's link shaping off after the benchmark (its note added); False, with one line on
+    stderr, when that failed (the lab is left as the failure left it)."""
+    if a.no_shape:
+        return True
+    try:
+        notes.append(f"after the benchmark: {shape(a, 'off')}")
+    except BenchError as exc:
+        print(f"error: after the benchmark: {exc}", file=sys.stderr)
+        return False
+    return True
+
+
 def band(rows: list[dict], link: str) -> tuple[float, float] | None:
     """min..max of the final val loss of the fp32 runs (every seed) of the small preset at ``link``."""
     vals = [
@@ -306,11 +319,10 @@ def main(argv: list[str] | None = None) -> int:
             print(table(rows))
         return 2
     finally:
-        if not a.no_shape:
-            notes.append(f"after the benchmark: {shape(a, 'off')}")
+        unshaped = unshape(a, notes)
     print(f"\n{table(rows)}\n\nraw figures: {out}")
     print(f"results: {write_results(rows, [*notes, f'raw figures: {out}'], a, load_before)}")
-    return 0
+    return 0 if unshaped else 2
 
 
 def write_results(rows: list[dict], notes: list[str], a: argparse.Namespace, load_before: Any = None) -> Path:

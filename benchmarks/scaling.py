@@ -598,7 +598,11 @@ def main(argv: list[str] | None = None) -> int:
         restore = tuple(before[n].cpus for n in names)
         rates = {v.link_mbit for v in before.values()}
         link = int(rates.pop()) if len(rates) == 1 and None not in rates else 0
-        lab.apply_limits(names, restore, link, {n: lab.container_address(n) for n in names})
+        try:
+            lab.apply_limits(names, restore, link, {n: lab.container_address(n) for n in names})
+        except lab.LabError as exc:
+            print(f"scaling: putting the lab's limits back: {exc}", file=sys.stderr)
+            code = 1
     results["load_end"] = loadavg()
     if results["runs"]:
         text = tables(results)

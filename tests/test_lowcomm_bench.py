@@ -156,3 +156,18 @@ def test_an_earlier_runs_json_writes_the_results_page_with_table_and_write(tmp_p
     assert "(3 laptops; small preset 500 steps, gpt2 3 steps)" in page and "noise band at 1000 Mbit/s" in page
     assert "per run: the table's load column" in page and f"raw figures: {raw}" in page
     assert "1000 Mbit/s: lab limits" in page
+
+
+def test_a_lab_that_cannot_be_shaped_is_one_line_each_and_no_traceback(monkeypatch, tmp_path, capsys):
+    """The lab's containers cannot run (lab.py up fails): the benchmark says so in one line, the
+    attempt to unshape after it in one more, runs nothing and exits 2."""
+    def run(argv, **_):
+        return type("Failed", (), {"returncode": 1, "stdout": "",
+                                   "stderr": "lab: error: laptop-a: systemd did not finish booting\n"})()
+
+    monkeypatch.setattr(lowcomm.subprocess, "run", run)
+    monkeypatch.setattr(lowcomm, "one_run", lambda *_: pytest.fail("a run was launched"))
+    assert lowcomm.main(["--links", "1000", "--out", str(tmp_path / "raw.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("error: ") for line in err), err
+    assert "systemd did not finish booting" in err[0] and err[1].startswith("error: after the benchmark")

@@ -228,3 +228,29 @@ def test_a_lab_whose_nodes_cannot_be_read_is_one_line_and_nothing_is_applied(mon
     fix = "fix: `make lab-down lab-up`, then `make demo` once to provision the laptops"
     assert err == [f"scaling: {why}; {fix}"]
     assert applied == [] and not (tmp_path / "runs").exists()
+
+
+def test_limits_that_cannot_be_put_back_are_one_line_after_the_runs_error(monkeypatch, capsys, tmp_path):
+    """The lab's containers stop mid-benchmark: the run's error and the failed restore are one line
+    each (no traceback), and the exit status says a play failed."""
+    import lab
+
+    def stopped(*args, **kw):
+        raise lab.LabError("laptop-a: cannot exec in a stopped container")
+
+    def one_run(*args):
+        raise sb.BenchError("1 node: training failed")
+
+    monkeypatch.setattr(lab, "lab_containers", lambda: ["laptop-a", "laptop-b", "laptop-c"])
+    limits = lab.NodeLimits(0.6, 0.6, 1, "eth0", 1000.0)
+    monkeypatch.setattr(lab, "read_limits", lambda names: dict.fromkeys(names, limits))
+    monkeypatch.setattr(lab, "apply_limits", stopped)
+    monkeypatch.setattr(lab, "container_address", lambda name: "10.0.0.1")
+    monkeypatch.setattr(sb, "one_run", one_run)
+    (tmp_path / "inventory").mkdir()
+    (tmp_path / "inventory" / "hosts.yml").write_text("all: {}\n")
+    monkeypatch.setattr(sb, "REPO", tmp_path)
+    assert sb.main(["-i", "inventory", "--runs-dir", str(tmp_path / "runs"), "--configs", "1 node"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["scaling: 1 node: training failed",
+                   "scaling: putting the lab's limits back: laptop-a: cannot exec in a stopped container"]
