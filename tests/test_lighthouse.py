@@ -70,6 +70,12 @@ def test_lighthouse_lifecycle(tmp_path, capsys):
                            "--join_timeout_ms", "1000", "--heartbeat_timeout_ms", "5000"]
         again = lh.start("127.0.0.1", port, sd, wait_s=60)
         assert not again["changed"] and again["supervisor_pid"] == first["supervisor_pid"]
+        # the same port with other settings: refused (one line), not silently reused
+        assert lh.main(["start", "--host", "127.0.0.1", "--port", str(port), "--state-dir", str(sd),
+                        "--join-timeout-ms", "30000"]) == 2
+        err = json.loads(capsys.readouterr().out)["error"]
+        assert "other settings: --join_timeout_ms 30000 (runs 1000);" in err and "\n" not in err, err
+        assert lh.start("127.0.0.1", port, sd, wait_s=60)["supervisor_pid"] == first["supervisor_pid"]
         # the same port for another address: refused, nothing changed
         assert lh.main(["start", "--host", "127.0.0.2", "--port", str(port), "--state-dir", str(sd)]) == 2
         err = json.loads(capsys.readouterr().out)["error"]

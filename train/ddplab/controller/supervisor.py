@@ -128,6 +128,26 @@ def alive(state: ServiceState | None) -> bool:
         return False
 
 
+def _served_argv(state: ServiceState) -> list[str] | None:
+    """The command line the live supervisor of ``state`` runs (its arguments after ``--``), or None
+    when it cannot be read."""
+    try:
+        cmdline = psutil.Process(state.supervisor_pid).cmdline()
+    except psutil.Error:
+        return None
+    return cmdline[cmdline.index("--") + 1:] if "--" in cmdline else None
+
+
+def _flags(argv: Sequence[str]) -> dict[str, str | None]:
+    """``--flag value`` pairs of ``argv`` (a flag without value maps to None; the program is "")."""
+    out: dict[str, str | None] = {"": argv[0] if argv else None}
+    for i, arg in enumerate(argv):
+        if arg.startswith("--"):
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            out[arg] = None if nxt is None or nxt.startswith("--") else nxt
+    return out
+
+
 def port_free(port: int) -> bool:
     """True when nothing listens on ``port`` (tried as a wildcard bind, IPv6 then IPv4)."""
     for family, addr in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
@@ -356,11 +376,12 @@ def start(service: Service, host: str, port: int, state_dir: Path, argv: Sequenc
           wait_s: float = 30.0) -> dict[str, Any]:
     """Start ``argv`` (the service serving ``host:port``) under a supervisor unless it already runs.
 
-    Idempotent: a live supervisor of ``service`` on ``port`` that answers at ``host`` ->
-    ``changed: False``. Otherwise a new detached supervisor, then wait up to ``wait_s`` seconds
-    until the service answers (``service.ping``). Returns :func:`status` with ``changed``.
-    Raises ServiceError (code 2: port held by another program or by this service under another
-    host address; code 1: it did not answer in ``wait_s``).
+    Idempotent: a live supervisor of ``service`` on ``port`` that answers at ``host`` with the same
+    ``argv`` -> ``changed: False``; with another ``argv`` (other settings) it is refused, not
+    reused. Otherwise a new detached supervisor, then wait up to ``wait_s`` seconds until the
+    service answers (``service.ping``). Returns :func:`status` with ``changed``.
+    Raises ServiceError (code 2: port held by another program, or by this service under another
+    host address or other settings; code 1: it did not answer in ``wait_s``).
     """
     state_dir.mkdir(parents=True, exist_ok=True)
     pidfile, logfile = service.paths(state_dir, port)
@@ -372,6 +393,17 @@ def start(service: Service, host: str, port: int, state_dir: Path, argv: Sequenc
                 f"a ddp-lab {service.label} already serves port {port} for host address {state.host}, "
                 f"not {host}: "
                 f"run `python -m {service.module} stop --port {port}` first",
+                code=2,
+            )
+        running = _served_argv(state)
+        if running is not None and running != list(argv):
+            ran, asked = _flags(running), _flags(argv)
+            differ = ", ".join(f"{k} {asked.get(k)} (runs {ran.get(k)})" for k in asked | ran
+                               if asked.get(k) != ran.get(k))
+            raise ServiceError(
+                f"a ddp-lab {service.label} already serves port {port} with other settings: "
+                f"{differ or ' '.join(running)}; stop it first (`python -m {service.module} stop "
+                f"--port {port}`; collect.yml and stop.yml stop it after a run)",
                 code=2,
             )
         # Alive: answering now, or between restarts (given the wait budget).
