@@ -2,10 +2,14 @@
 laptop under the lighthouse), run.json carries the ft_* keys and diloco's own, the training program
 accepts them; the engines under the lighthouse have one list on each side (Python, Ansible)."""
 
+import json
 from pathlib import Path
 
+import pytest
 import yaml
 from ddplab.config import build_config
+from ddplab.controller import lighthouse as lh
+from ddplab.controller.supervisor import ServiceError
 from ddplab.engines import LIGHTHOUSE_ENGINES
 from labharness import REPO, ansible_env, render_agent_launch, run_playbooks
 
@@ -32,21 +36,43 @@ def test_diloco_launches_like_per_step_and_writes_its_keys(tmp_path: Path):
     assert merged.fault_tolerance == "diloco" and merged.ft_lighthouse == "http://192.168.50.10:29510"
 
 
-def test_the_lighthouse_waits_for_a_late_replica_as_long_as_its_engine_needs(tmp_path: Path):
+def test_the_lighthouse_waits_for_a_late_replica_as_long_as_its_engine_needs():
     """per_step forms a quorum every step (1 s for a straggler); diloco once per round (30 s): a laptop
-    late for a sync is waited for instead of losing its round; a setting of the user's wins."""
-    play = tmp_path / "render.yml"
-    tasks = [{"name": f"Print {engine}", "vars": {"ddp_job_fault_tolerance": engine, **extra},
-              "ansible.builtin.debug": {"msg": f"{engine}={{{{ rendezvous_lighthouse_join_timeout_ms }}}}"}}
-             for engine, extra in (("per_step", {}), ("diloco", {}),
-                                   ("mine", {"rendezvous_fault_tolerance": "diloco",
-                                             "rendezvous_lighthouse_join_timeout_ms": 4000}))]
+    late for a sync is waited for instead of losing its round. One value, or one per engine; a bad
+    one is one line naming the setting."""
+    defaults = yaml.safe_load((REPO / "roles/rendezvous/defaults/main.yml").read_text())
+    assert defaults["rendezvous_lighthouse_join_timeout_ms"] == lh.JOIN_TIMEOUT_MS
+    assert lh.JOIN_TIMEOUT_MS == {"per_step": 1000, "diloco": 30000}
+    as_ansible_passes_it = json.dumps(lh.JOIN_TIMEOUT_MS)  # the role's `| to_json`
+    assert lh.join_timeout_ms(as_ansible_passes_it, "per_step") == 1000
+    assert lh.join_timeout_ms(as_ansible_passes_it, "diloco") == 30000
+    assert lh.join_timeout_ms(None, "diloco") == 30000
+    assert lh.join_timeout_ms("4000", "diloco") == lh.join_timeout_ms(json.dumps("4000"), "per_step") == 4000
+    assert lh.join_timeout_ms('{"diloco": 0}', "diloco") == 0
+    for bad, engine in (('{"diloco": 60000}', "per_step"), ("soon", "diloco"), ("-1", "diloco"),
+                        ("true", "diloco"), ('{"diloco": "x"}', "diloco")):
+        with pytest.raises(ServiceError) as err:
+            lh.join_timeout_ms(bad, engine)
+        assert "\n" not in str(err.value) and "rendezvous_lighthouse_join_timeout_ms" in str(err.value)
+
+
+@pytest.mark.parametrize("engine", ["torchelastic", "per_step", "diloco"])
+def test_the_rendezvous_arguments_validate_under_every_engine(tmp_path: Path, engine: str):
+    """The role's argument spec (defaults included) validates whatever the engine, with the default
+    join timeout and with a user's value (an int, or a string from ``-e key=value``)."""
+    spec = yaml.safe_load((REPO / "roles/rendezvous/meta/argument_specs.yml").read_text())
+    options = spec["argument_specs"]["main"]["options"]
+    tasks = [{"name": f"Validate {i}", "vars": extra,
+              "ansible.builtin.validate_argument_spec": {"argument_spec": options}}
+             for i, extra in enumerate(({}, {"rendezvous_lighthouse_join_timeout_ms": 4000},
+                                        {"rendezvous_lighthouse_join_timeout_ms": "4000"}))]
+    play = tmp_path / "validate.yml"
     play.write_text(yaml.safe_dump([{
-        "name": "Render the join timeout", "hosts": "localhost", "gather_facts": False,
+        "name": "Validate the rendezvous role's arguments", "hosts": "localhost", "gather_facts": False,
         "vars_files": [str(REPO / "roles/ddp_lab/defaults/main.yml"),
                        str(REPO / "roles/rendezvous/defaults/main.yml")],
+        "vars": {"rendezvous_address": "127.0.0.1", "role_path": str(REPO / "roles/rendezvous")},
         "tasks": tasks}]))
-    rc, out = run_playbooks(ansible_env(), "localhost,", [str(play)], "-c", "local", timeout=120)
-    assert rc == 0, out[-3000:]
-    assert '"msg": "per_step=1000"' in out and '"msg": "diloco=30000"' in out, out[-3000:]
-    assert '"msg": "mine=4000"' in out, out[-3000:]
+    rc, out = run_playbooks(ansible_env(), "localhost,", [str(play)], "-c", "local",
+                            "-e", f"ddp_job_fault_tolerance={engine}", timeout=120)
+    assert rc == 0 and "ok=3" in out, out[-3000:]

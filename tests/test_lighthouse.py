@@ -156,3 +156,16 @@ def test_supervisor_gives_up_on_a_crash_loop(tmp_path, monkeypatch):
     crash = [sys.executable, "-c", "raise SystemExit(7)"]
     code = supervisor.supervise("crash", "127.0.0.1", 1, tmp_path, crash)
     assert code == 1 and not (tmp_path / "crash-1.json").exists()
+
+
+def test_settings_compare_by_flag_and_by_the_program_they_resolve_to(tmp_path):
+    """A running service's command line is the asked one when its flags hold the same values in
+    any order, and its program is the same file under another name (python -> python3)."""
+    from ddplab.controller.supervisor import _flags
+
+    real = tmp_path / "python3"
+    real.write_text("")
+    (tmp_path / "python").symlink_to(real)
+    asked = [str(tmp_path / "python"), "--bind", "h:1", "--join_timeout_ms", "1000"]
+    assert _flags([str(real), "--join_timeout_ms", "1000", "--bind", "h:1"]) == _flags(asked)
+    assert _flags([str(real), "--join_timeout_ms", "30000", "--bind", "h:1"]) != _flags(asked)

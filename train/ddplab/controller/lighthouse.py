@@ -11,7 +11,8 @@ restarts it when it dies. State in ``--state-dir`` (default ``runs/.rdzv``):
 
 Subcommands (each prints one JSON object on stdout; ``changed`` tells Ansible the truth):
 
-``start --host H --port P [--min-replicas N --quorum-tick-ms T --join-timeout-ms J --heartbeat-timeout-ms B]``
+``start --host H --port P [--engine E --min-replicas N --quorum-tick-ms T --join-timeout-ms J ...]``
+    (also ``--heartbeat-timeout-ms B``; J: milliseconds or JSON ``{engine: ms}``, E picks one).
     Idempotent: a live supervisor of port P answering at H -> ``changed: false``. Otherwise run
     ``torchft_lighthouse --bind H:P ...`` under a supervisor and wait until its status page answers.
 ``stop --port P``
@@ -31,6 +32,7 @@ held by another program, the same port served for another address, torchft not i
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shutil
 import sys
@@ -110,6 +112,37 @@ def binary() -> str:
     return found
 
 
+#: The lighthouse's wait for heartbeating stragglers (``--join_timeout_ms``) by recovery engine:
+#: per_step forms a quorum every step, where a second is several steps of every laptop's time;
+#: diloco once per ``sync_every`` inner steps, where a laptop that arrives part of a round late
+#: would be left out of the sync and lose its round. A replica group that stops heartbeating is
+#: left out after ``--heartbeat_timeout_ms`` whatever the wait.
+JOIN_TIMEOUT_MS = {"per_step": 1000, "diloco": 30000}
+
+
+def join_timeout_ms(setting: str | None, engine: str) -> int:
+    """The join timeout for ``engine``: ``setting`` is JSON, milliseconds (one value for every
+    engine) or an object of them by engine; None: :data:`JOIN_TIMEOUT_MS`.
+
+    Raises:
+        ServiceError: (code 2) the setting is neither, or names no value for ``engine``.
+    """
+    try:
+        value = JOIN_TIMEOUT_MS if setting is None else json.loads(setting)
+    except ValueError:
+        value = setting
+    if isinstance(value, dict):
+        value = value.get(engine)
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ServiceError(
+            f"join timeout {setting} for engine {engine}: give milliseconds >= 0, or one per engine "
+            f"as in the default {json.dumps(JOIN_TIMEOUT_MS)} (rendezvous_lighthouse_join_timeout_ms)",
+            code=2)
+    return value
+
+
 def command(host: str, port: int, min_replicas: int = 1, quorum_tick_ms: int = 100,
             join_timeout_ms: int = 1000, heartbeat_timeout_ms: int = 5000) -> list[str]:
     """The lighthouse's command line (torchft 0.2.0 flags); raises ServiceError on a bad setting."""
@@ -154,7 +187,9 @@ def describe(out: dict[str, Any]) -> dict[str, Any]:
 def _start_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-replicas", type=int, default=1)
     p.add_argument("--quorum-tick-ms", type=int, default=100)
-    p.add_argument("--join-timeout-ms", type=int, default=1000)
+    p.add_argument("--engine", default="per_step", help="the job's recovery engine (JOIN_TIMEOUT_MS)")
+    p.add_argument("--join-timeout-ms", default=None,
+                   help="milliseconds, or JSON {engine: milliseconds} (default: JOIN_TIMEOUT_MS)")
     p.add_argument("--heartbeat-timeout-ms", type=int, default=5000)
 
 
@@ -162,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     """CLI entry point (start, stop, status); returns the exit code."""
     return supervisor.cli(
         SERVICE, argv, description=__doc__.split("\n")[0], default_port=DEFAULT_PORT,
-        start_argv=lambda a: command(a.host, a.port, a.min_replicas, a.quorum_tick_ms, a.join_timeout_ms,
-                                     a.heartbeat_timeout_ms),
+        start_argv=lambda a: command(a.host, a.port, a.min_replicas, a.quorum_tick_ms,
+                                     join_timeout_ms(a.join_timeout_ms, a.engine), a.heartbeat_timeout_ms),
         add_start_args=_start_args, describe=describe,
     )
 

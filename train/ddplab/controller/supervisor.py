@@ -139,8 +139,9 @@ def _served_argv(state: ServiceState) -> list[str] | None:
 
 
 def _flags(argv: Sequence[str]) -> dict[str, str | None]:
-    """``--flag value`` pairs of ``argv`` (a flag without value maps to None; the program is "")."""
-    out: dict[str, str | None] = {"": argv[0] if argv else None}
+    """``--flag value`` pairs of ``argv`` (a flag without value maps to None), and under "program"
+    the program's resolved path (a symlink to the same interpreter is the same program)."""
+    out: dict[str, str | None] = {"program": os.path.realpath(argv[0]) if argv else None}
     for i, arg in enumerate(argv):
         if arg.startswith("--"):
             nxt = argv[i + 1] if i + 1 < len(argv) else None
@@ -396,8 +397,8 @@ def start(service: Service, host: str, port: int, state_dir: Path, argv: Sequenc
                 code=2,
             )
         running = _served_argv(state)
-        if running is not None and running != list(argv):
-            ran, asked = _flags(running), _flags(argv)
+        ran, asked = _flags(running or []), _flags(argv)
+        if running is not None and ran != asked:
             differ = ", ".join(f"{k} {asked.get(k)} (runs {ran.get(k)})" for k in asked | ran
                                if asked.get(k) != ran.get(k))
             raise ServiceError(
