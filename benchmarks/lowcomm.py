@@ -176,7 +176,7 @@ def shape(a: argparse.Namespace, link: str) -> str:
     if proc.returncode != 0:
         raise BenchError(
             f"lab/lab.py up --link-mbit {link} --cpus {a.cpus} failed: "
-            f"{(proc.stderr or proc.stdout).strip().splitlines()[-1:]}"
+            f"{''.join((proc.stderr or proc.stdout).strip().splitlines()[-1:])}"
         )
     egress = "not shaped" if link == "off" else f"tbf {link} Mbit/s"
     return f"lab limits: every laptop's egress {egress}, CPU quota {a.cpus}"

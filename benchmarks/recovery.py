@@ -94,9 +94,24 @@ def play(inventory: str, playbook: str, extra: list[str], label: str, limit: str
     proc = subprocess.run(args, env=_env(), cwd=REPO, capture_output=True, text=True)
     took = time.monotonic() - t0
     if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
-        raise BenchError(f"{label} failed (exit {proc.returncode}) after {took:.0f} s:\n{tail}")
+        raise BenchError(f"{label} failed (exit {proc.returncode}) after {took:.0f} s:\n"
+                         f"{failure_lines(proc.stdout + proc.stderr)}")
     return took
+
+
+def failure_lines(output: str, most: int = 12) -> str:
+    """What an ansible-playbook run that failed said of its failure: its ``fatal:``/``failed:``/
+    ``ERROR!`` lines and what follows each (up to ``most`` lines), else its last 25 lines (the
+    task timing recap printed last would hide the failure)."""
+    lines = output.splitlines()
+    marks = [i for i, line in enumerate(lines)
+             if line.lstrip().startswith(("fatal:", "failed:", "ERROR!", "[ERROR]"))]
+    if not marks:
+        return "\n".join(lines[-25:])
+    picked: list[str] = []
+    for i in marks:
+        picked += lines[i:i + 3]
+    return "\n".join(picked[:most])
 
 
 def await_full_size(inventory: str, run_id: str, nodes: int, extra: list[str], timeout_s: float) -> None:

@@ -159,16 +159,21 @@ def podman(
     timeout: float | None = 600,
     conf: Path | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run ``podman ARGS``; raise LabError with podman's stderr when ``check`` and it fails."""
+    """Run ``podman ARGS``; raise LabError with podman's stderr when ``check`` and it fails, and
+    when it does not finish within ``timeout`` seconds (whatever ``check``)."""
     if shutil.which("podman") is None:
         raise LabError("podman is not installed: run `make deps` (or lab/host-deps.sh as root)")
-    proc = subprocess.run(
-        ["podman", *args],
-        env=podman_env(conf),
-        capture_output=capture,
-        timeout=timeout,
-        check=False,
-    )
+    try:
+        proc = subprocess.run(
+            ["podman", *args],
+            env=podman_env(conf),
+            capture_output=capture,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise LabError(f"`podman {' '.join(args)}` did not finish in {timeout:g} s: podman or the "
+                       "container hangs (`make lab-down lab-up` starts the lab again)") from None
     if check and proc.returncode != 0:
         err = proc.stderr.decode(errors="replace").strip() if capture else ""
         raise LabError(f"`podman {' '.join(args)}` failed (exit {proc.returncode}): {err}")

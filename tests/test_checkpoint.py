@@ -266,3 +266,71 @@ def test_found_unusable_when_only_corrupt_files_remain(tmp_path):
     again, _ = store.newest_valid()  # a later start still knows something was there
     assert again.rejected == [] and again.found_unusable
     assert not CheckpointStore(tmp_path / "empty").newest_valid()[0].found_unusable
+
+
+def test_a_full_disk_during_torch_save_is_a_checkpoint_error_and_nothing_changes(tmp_path, monkeypatch):
+    """torch.save turns the OSError of a write into a RuntimeError of its own: the store still says
+    the disk is full (CheckpointError, the one error its callers handle), leaving no temp file."""
+    import builtins
+    import errno
+
+    import ddplab.checkpoint as ck
+
+    store = CheckpointStore(tmp_path, keep=3)
+    store.save(state(1))
+    before = sorted(p.name for p in tmp_path.iterdir())
+
+    class Full:
+        def __init__(self, fh):
+            self.fh, self.written = fh, 0
+
+        def write(self, data):  # the disk fills up after the first MiB
+            self.written += len(data)
+            if self.written > 1 << 20:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.fh.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.fh, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self.fh.__exit__(*exc)
+
+    def full_open(path, mode="r", *args, **kw):
+        fh = builtins.open(path, mode, *args, **kw)  # noqa: SIM115  (handed to the caller, who closes it)
+        return Full(fh) if "w" in mode and ".tmp-" in str(path) else fh
+
+    monkeypatch.setattr(ck, "open", full_open, raising=False)
+    big = {"step": 2, "samples_seen": 0, "model": {"w": torch.ones(1 << 20)}}
+    with pytest.raises(CheckpointError, match="cannot write checkpoint .*No space left on device"):
+        store.save(big)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert store.newest_valid()[0].step == 1
+
+
+def test_a_save_that_fails_leaves_a_corrupt_file_of_its_step_where_it_was(tmp_path):
+    """The new state is checked before anything in the folder moves: a refused one leaves the torn
+    file of that step as it was (a valid save moves it aside to *.corrupt, as before)."""
+    store = CheckpointStore(tmp_path, keep=3)
+    (tmp_path / "ckpt-00000002.pt").write_bytes(b"torn write")
+    with pytest.raises(CheckpointError, match="cannot parse"):
+        store.save(unloadable_state(2))
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != ".lock") == ["ckpt-00000002.pt"]
+    assert store.save(state(2)).written
+    assert (tmp_path / "ckpt-00000002.pt.corrupt").read_bytes() == b"torn write"
+
+
+def test_a_checkpoint_in_torchs_legacy_format_is_valid_to_save_as_to_load(tmp_path):
+    """One validity definition: bytes of torch's legacy (non-zip) format, which inspect() accepts,
+    are written by save_bytes (they cannot be memory-mapped; they are read)."""
+    import io
+
+    buf = io.BytesIO()
+    torch.save(state(4), buf, _use_new_zipfile_serialization=False)
+    store = CheckpointStore(tmp_path, keep=3)
+    assert store.save_bytes(4, buf.getvalue()).written
+    assert store.load(4)["step"] == 4

@@ -786,3 +786,20 @@ def test_the_product_does_not_depend_on_etc_environment():
                for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
                if "/etc/environment" in line.split("#", 1)[0]]  # comments may name it
     assert readers == [], readers
+
+
+def test_a_podman_that_hangs_is_a_lab_error_naming_the_command(monkeypatch):
+    """Every caller handles LabError (lab.py's commands, the benchmarks): a podman call that runs
+    out of its timeout is one, not a subprocess.TimeoutExpired traceback."""
+    import subprocess
+
+    import lab
+
+    def hung(argv, **kw):
+        raise subprocess.TimeoutExpired(argv, kw["timeout"])
+
+    monkeypatch.setattr(lab.shutil, "which", lambda name: "/usr/bin/podman")
+    monkeypatch.setattr(lab.subprocess, "run", hung)
+    with pytest.raises(lab.LabError, match=r"`podman exec laptop-a true` did not finish in 5 s") as err:
+        lab.podman("exec", "laptop-a", "true", check=False, timeout=5)
+    assert "\n" not in str(err.value)

@@ -170,4 +170,5 @@ def test_a_lab_that_cannot_be_shaped_is_one_line_each_and_no_traceback(monkeypat
     assert lowcomm.main(["--links", "1000", "--out", str(tmp_path / "raw.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("error: ") for line in err), err
-    assert "systemd did not finish booting" in err[0] and err[1].startswith("error: after the benchmark")
+    assert err[0].endswith("failed: lab: error: laptop-a: systemd did not finish booting"), err
+    assert err[1].startswith("error: after the benchmark")

@@ -105,3 +105,15 @@ def test_every_option_has_help_and_help_names_the_plan_syntax_and_presets(capsys
     with pytest.raises(SystemExit):
         rb.main([])
     assert seen and [a.dest for a in seen if not a.help] == [], text
+
+
+def test_a_failed_play_is_told_by_its_failure_not_by_the_timing_recap():
+    """The benchmarks' BenchError of a failed play carries Ansible's fatal line and its message; the
+    task timing recap (printed last) is left out."""
+    out = "\n".join(["PLAY [x]", "TASK [rendezvous : Validate]",
+                     "fatal: [controller]: FAILED! => {\"msg\": \"validate_argument_spec failed\"}",
+                     "PLAY RECAP", *[f"task {i} ---- 0.{i}s" for i in range(30)]])
+    got = rb.failure_lines(out)
+    assert got.startswith("fatal: [controller]: FAILED!") and "validate_argument_spec failed" in got
+    assert "task 29" not in got
+    assert rb.failure_lines("a\nb") == "a\nb"  # no failure line: the tail

@@ -33,6 +33,7 @@ import math
 import os
 import re
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,13 +173,14 @@ def deserialize(data: bytes) -> dict[str, Any]:
 
 def load_file(path: Path) -> dict[str, Any]:
     """The training state in the checkpoint file ``path``, memory-mapped (``torch.load(mmap=True,
-    weights_only=True)``: its tensors are views of the file's pages, not copies in memory).
+    weights_only=True)``: its tensors are views of the file's pages, not copies in memory) unless
+    it is in torch's legacy (non-zip) format, which :meth:`CheckpointStore.inspect` accepts too.
 
     Raises:
         CheckpointError: the file is not a checkpoint.
         OSError: it cannot be opened.
     """
-    return _load_state(path, mmap=True)
+    return _load_state(path, mmap=zipfile.is_zipfile(path))  # torch's legacy format cannot be mapped
 
 
 def _load_state(source: Any, **load_kwargs: Any) -> dict[str, Any]:
@@ -191,6 +193,35 @@ def _load_state(source: Any, **load_kwargs: Any) -> dict[str, Any]:
     if not isinstance(state, dict) or "step" not in state:
         raise CheckpointError("checkpoint does not hold a training state dict")
     return state
+
+
+class _Recorded:
+    """A file's ``write``/``flush`` that keeps the OSError a write raised: torch.save replaces it
+    with a RuntimeError of its own ("unexpected pos ..."), which says nothing of a full disk."""
+
+    def __init__(self, fh: Any) -> None:
+        self.fh, self.error = fh, None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.fh.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+def _fill(fh: Any, fill: Callable[[Any], object]) -> None:
+    """``fill(fh)``; an OSError of a write comes out as itself, not as torch's RuntimeError."""
+    out = _Recorded(fh)
+    try:
+        fill(out)
+    except RuntimeError:
+        if out.error is None:
+            raise
+        raise out.error from None
 
 
 def _file_digest(path: Path) -> tuple[str, int]:
@@ -458,16 +489,14 @@ class CheckpointStore:
         tmp_side = side.with_name(f".{side.name}{_TMP_MARK}{os.getpid()}")
         with self._locked():
             self._remove_stale_temps()
-            if path.exists():
-                verdict = self.inspect(step)[0]
-                if verdict.valid:
-                    return SaveResult(step, path, path.stat().st_size, time.perf_counter() - t0,
-                                      False)
-                if verdict.not_ours:
-                    raise CheckpointError(f"not replacing checkpoint {path}: {verdict.reason}")
+            before = self.inspect(step, repair=False)[0] if path.exists() else None
+            if before is not None and before.valid:
+                return SaveResult(step, path, path.stat().st_size, time.perf_counter() - t0, False)
+            if before is not None and before.not_ours:
+                raise CheckpointError(f"not replacing checkpoint {path}: {before.reason}")
             try:
                 with open(tmp, "wb") as fh:
-                    fill(fh)
+                    _fill(fh, fill)
                     fh.flush()
                     os.fsync(fh.fileno())
                 digest, size = _file_digest(tmp)
@@ -476,6 +505,8 @@ class CheckpointStore:
                 text = sidecar_text(path.name, digest, written, finite)
                 del written
                 _write_durable(tmp_side, text.encode("ascii"))
+                if before is not None and before.corrupt:
+                    self.inspect(step)  # moved aside (kept as *.corrupt) only now, for a valid one
                 os.replace(tmp, path)
                 os.replace(tmp_side, side)
                 fsync_dir(self.dir)
