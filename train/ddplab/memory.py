@@ -35,8 +35,8 @@ training steps (tests/test_input_ranges.py measures one). ``ckpt`` follows ddpla
 state is streamed into its file and loaded back memory-mapped to be verified, so the write adds
 the weights' pages read to check they are finite (4P, counted in the RSS though reclaimable) and
 the check's boolean mask of one tensor at a time (at most P); tests/test_input_ranges.py measures
-a write. FIXED covers
-the one-off allocations of a process's first step (autograd's engine, the optimizer's first step).
+a write. FIXED covers the one-off allocations of a process's first step (autograd's engine, the
+optimizer's first step).
 
 Available memory: ``psutil.virtual_memory().available``, and the headroom of every memory-limited
 cgroup of this process and its ancestors (v2 ``memory.max``, v1 ``memory.limit_in_bytes``) less
