@@ -71,7 +71,7 @@ def unit_state(unit: str) -> dict[str, str]:
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return {}
-    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return units.show_props(out)
 
 
 def _read_text(path: Path) -> str | None:

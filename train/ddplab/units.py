@@ -1,4 +1,5 @@
-"""The agent unit's command line as systemd shows it: the one parser of its ``ExecStart`` property.
+"""The agent unit as systemd shows it: the one parser of ``systemctl show`` output (:func:`show_props`)
+and of its ``ExecStart`` property.
 
 ``systemctl show -p ExecStart UNIT`` prints ``{ path=/v/python ; argv[]=/v/python -m ddplab.agent
 --nnodes 1:3 --rdzv-endpoint 10.89.0.1:29400 ... ; ignore_errors=no ; ... }``. Read on a node by
@@ -14,6 +15,11 @@ import shlex
 from collections.abc import Sequence
 
 _ARGV = re.compile(r"argv\[\]=(.*?) ;")
+
+
+def show_props(show: str) -> dict[str, str]:
+    """``KEY=VALUE`` lines of ``systemctl show`` as a dict (lines without ``=`` left out)."""
+    return dict(line.split("=", 1) for line in (show or "").splitlines() if "=" in line)
 
 
 def exec_start_argv(exec_start: str) -> list[str]:

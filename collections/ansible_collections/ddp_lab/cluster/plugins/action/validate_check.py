@@ -35,6 +35,7 @@ from ansible_collections.ddp_lab.cluster.plugins.module_utils.hostvars import od
 from ansible_collections.ddp_lab.cluster.plugins.module_utils.settings import record
 from ansible_collections.ddp_lab.cluster.plugins.module_utils.ssh import host_key_changed
 from ddplab.runstate import stopped_at
+from ddplab.units import show_props
 
 PROVISION_FIX = "ansible-playbook site.yml --tags provision"
 
@@ -477,7 +478,7 @@ def gloo(host: str, route: Mapping[str, Any] | None, unit_show: str, addr_show: 
     others = [a["address"] + ("" if a["label"] == dev else f" ({a['label']})") for a in addresses
               if a["address"] != src and not ipaddress.ip_address(a["address"]).is_link_local]
     also = f"; {dev} also holds {', '.join(others)}" if others else ""
-    props = _filters.show_props(unit_show or "")
+    props = show_props(unit_show or "")
     env = _filters.unit_environment(props)
     if props.get("LoadState") != "loaded" or not env:
         return record("gloo", None,

@@ -195,11 +195,6 @@ def clock_offset(date_time: dict, before: float, after: float) -> dict:
             "uncertainty_s": round((after - before) / 2, 3), "beyond_s": round(beyond, 3)}
 
 
-def show_props(show: str) -> dict[str, str]:
-    """``KEY=VALUE`` lines of ``systemctl show`` as a dict."""
-    return dict(line.split("=", 1) for line in (show or "").splitlines() if "=" in line)
-
-
 def unit_environment(props: dict[str, str]) -> dict[str, str]:
     """The unit's ``Environment`` property (space-separated ``KEY=VALUE`` words) as a dict."""
     words = shlex.split(props.get("Environment", "") or "")
@@ -230,7 +225,7 @@ def unit_launch(show: str) -> dict:
     """What the node's last agent launch passed, from ``systemctl show UNIT -p
     LoadState,ExecStart,Environment`` (``ExecStart`` read by ``ddplab.units``): ``{loaded, local_addr,
     rdzv_endpoint, gloo_socket_ifname}``, None where not passed."""
-    props = show_props(show)
+    props = ddplab_units.show_props(show)
     argv = ddplab_units.exec_start_argv(props.get("ExecStart", ""))
     env = unit_environment(props)
     return {"loaded": props.get("LoadState") == "loaded" and bool(argv),
