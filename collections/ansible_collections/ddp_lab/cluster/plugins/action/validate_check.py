@@ -180,23 +180,21 @@ def disk(host: str, df: str, path: str, min_free_mb: float) -> dict:
     return record("disk", problem, f"{int(avail)} MiB free on {mount} for {path}")
 
 
+# what -> the end of the fix of check ``<what>_reach`` (the service's name: :data:`PORTS`)
 REACH = {
-    "store": ("store_reach", "the rendezvous store", "the store",
-              "(ufw: the firewall role does it) and check rendezvous_address"),
-    "lighthouse": ("lighthouse_reach", "the torchft lighthouse", "the lighthouse",
-                   "(ufw: the firewall role does it) and check that the rendezvous play ran with "
+    "store": "(ufw: the firewall role does it) and check rendezvous_address",
+    "lighthouse": ("(ufw: the firewall role does it) and check that the rendezvous play ran with "
                    "ddp_job_fault_tolerance=per_step or diloco (set it for all hosts)"),
 }
 
 
 def reach(host: str, what: str, address: str, port: Any, timeout_s: Any, error: str | None) -> dict:
     """A TCP connection from ``host`` to ``address:port`` (``error``: why it failed, None: it worked)."""
-    check, name, short, more = REACH[what]
-    endpoint = f"{address}:{port}"
+    service, endpoint = PORTS[what][2], f"{address}:{port}"
     problem = None if error is None else (
-        f"{host} cannot reach {name} at {endpoint} within {timeout_s} s ({error.strip()});"
-        f" fix: allow TCP {port} from the trainers' subnet in the rendezvous host's firewall {more}")
-    return record(check, problem, f"reaches {short} at {endpoint}")
+        f"{host} cannot reach the {service} at {endpoint} within {timeout_s} s ({error.strip()});"
+        f" fix: allow TCP {port} from the trainers' subnet in the rendezvous host's firewall {REACH[what]}")
+    return record(f"{what}_reach", problem, f"reaches the {service.split()[-1]} at {endpoint}")
 
 
 PORTS = {
