@@ -69,7 +69,7 @@ def versions(host: str, everyone: Mapping[str, Any], pins: Mapping[str, Any], pr
         if provision:
             detail = ("not provisioned yet (no training venv): the provisioning installs "
                       + ", ".join(f"{n} {v}" for n, v in pins.items()))
-            return {"check": "versions", "status": "skip", "detail": detail}
+            return record("versions", detail, "", "skip")
         problem = f"{host}: no training venv ({prefix}); fix: provision it ({PROVISION_FIX})"
         return record("versions", problem, "")
     fix_all = (f"fix: re-run the provisioning ({PROVISION_FIX} --limit {host}) so that every node has the"
@@ -408,8 +408,8 @@ def launch(host: str, unit_show: str, run_id: str = "", stop: Mapping[str, Any] 
     stopped = f"the last run {run_id or '?'} was {stopped_at(stop)}" if named else ""
     if not seen["loaded"]:
         first = (f"{stopped} (its agent unit is gone)" if stopped else "no agent launched on this node yet")
-        return {"check": "launch", "status": "skip", "detail": (
-            f"{first}; ddp_job passes --local-addr, GLOO_SOCKET_IFNAME and an IP --rdzv-endpoint")}
+        return record("launch", f"{first}; ddp_job passes --local-addr, GLOO_SOCKET_IFNAME and an IP"
+                      " --rdzv-endpoint", "", "skip")
     ifname = seen["gloo_socket_ifname"]
     explicit = (_routable(seen["local_addr"]) and _routable((seen["rdzv_endpoint"] or "").rpartition(":")[0])
                 and bool(ifname) and ifname != "lo")
@@ -470,8 +470,7 @@ def gloo(host: str, route: Mapping[str, Any] | None, unit_show: str, addr_show: 
     addr show dev <route dev>``. skip without a route."""
     src, dev = (route or {}).get("src"), (route or {}).get("dev")
     if not src:
-        return {"check": "gloo", "status": "skip",
-                "detail": "no route to the rendezvous host: see the route row"}
+        return record("gloo", "no route to the rendezvous host: see the route row", "", "skip")
     addresses = _filters.interface_addresses(addr_show or "")
     others = [a["address"] + ("" if a["label"] == dev else f" ({a['label']})") for a in addresses
               if a["address"] != src and not ipaddress.ip_address(a["address"]).is_link_local]
