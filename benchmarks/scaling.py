@@ -113,6 +113,9 @@ class Config:
         return len(self.cpus)
 
 
+#: The results file's title per group of configurations it holds.
+TITLES = {"scaling": "1 -> 2 -> 3 laptops", "unequal": "unequal laptops"}
+
 CONFIGS = (
     Config("1 node", "scaling", (0.6,)),
     Config("2 nodes", "scaling", (0.6, 0.6)),
@@ -392,17 +395,19 @@ def starved(nodes: dict[str, dict]) -> list[str]:
             if v.get("quota") and v.get("busy_cpu") is not None and v["busy_cpu"] < STARVED * v["quota"]]
 
 
-def write_results(results: dict, text: str, out: Path, results_dir: Path | None = None) -> list[Path]:
+def write_results(results: dict, text: str, out: Path, results_dir: Path | None = None,
+                  name: str = "scaling") -> list[Path]:
     """Write the raw figures (``out``, JSON: ``--table`` reads it) and the results file
-    ``benchmarks/results/scaling.md`` (the project's writer, ``ddplab.bench.results``: the tables,
-    the command, the machine, the load average before and after)."""
+    ``benchmarks/results/<name>.md`` (the project's writer, ``ddplab.bench.results``: the tables,
+    the command, the machine, the load average before and after), titled by the groups it holds."""
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1) + "\n")
     nodes = sorted({n for run in results["runs"] for n in run.get("limits", {}).get("nodes", {})})
     lab = f"lab laptops {', '.join(nodes)} (podman containers)" if nodes else None
+    groups = {run["config"]["group"] for run in results["runs"]} or {"scaling", "unequal"}
+    title = ", ".join(TITLES[g] for g in ("scaling", "unequal") if g in groups)
     md = bench_results.write(
-        "scaling", bench_results.code_block(text),
-        title="Scaling on the lab: 1 -> 2 -> 3 laptops, unequal laptops",
+        name, bench_results.code_block(text), title=f"Scaling on the lab: {title}",
         load_before=results["load_start"], load_after=results["load_end"], command=results["command"],
         notes=[f"raw figures: {out}", "each run's own load average is in its row; the lab's CPU quotas and "
                "links as read back and measured before each run are listed under the tables"],
@@ -434,6 +439,14 @@ def apply_config(lab, names: list[str], cpus: tuple[float, ...], link_mbit: int)
     nodes = {n: {"quota": v.cpus, "threads": v.threads, "busy_cpu": applied.cpu.get(n),
                  "link_mbit": v.link_mbit} for n, v in applied.limits.items()}
     return {"nodes": nodes, "link": link}
+
+
+def results_name(text: str) -> str:
+    """``--results-name``: a file name without folder or suffix (letters, digits, ``.``, ``_``, ``-``)."""
+    if not text or not all(c.isalnum() or c in "._-" for c in text) or text.startswith("."):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a file name without folder or .md (e.g. scaling-large-batch)")
+    return text
 
 
 def train_setting(text: str) -> tuple[str, Any]:
@@ -547,6 +560,9 @@ def _parser() -> argparse.ArgumentParser:
                         "else a string), e.g. --train bucket_cap_mb=1")
     p.add_argument("--table", type=Path, help="print the tables of an earlier run's JSON, figures read again")
     p.add_argument("--results-dir", type=Path, help="folder of the results file (default benchmarks/results)")
+    p.add_argument("--results-name", default="scaling", type=results_name, metavar="NAME",
+                   help="the results file is <results-dir>/NAME.md (default scaling: the full invocation's "
+                        "page; name a partial or differently sized invocation so it does not replace it)")
     return p
 
 
@@ -581,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scaling: {exc}; fix: `make lab-down lab-up`, then `make demo` once to provision the laptops",
               file=sys.stderr)
         return 2
-    skip = ("table", "out", "runs_dir", "results_dir")
+    skip = ("table", "out", "runs_dir", "results_dir", "results_name")
     results = {"settings": {k: v for k, v in vars(a).items() if k not in skip},
                "command": bench_results.command_line(), "load_start": loadavg(), "runs": []}
     results["settings"]["link_mbit"] = a.link_mbit
@@ -607,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
     if results["runs"]:
         text = tables(results)
         print(text)
-        for path in write_results(results, text, out, a.results_dir):
+        for path in write_results(results, text, out, a.results_dir, a.results_name):
             print(f"wrote {path}")
     return code
 

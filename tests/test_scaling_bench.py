@@ -254,3 +254,26 @@ def test_limits_that_cannot_be_put_back_are_one_line_after_the_runs_error(monkey
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["scaling: 1 node: training failed",
                    "scaling: putting the lab's limits back: laptop-a: cannot exec in a stopped container"]
+
+
+def test_a_named_invocation_writes_its_own_page_titled_by_its_groups(tmp_path):
+    run = {"config": {"label": "1 node", "group": "scaling"}}
+    results = {"settings": {}, "runs": [run], "command": "benchmarks/scaling.py --per-rank-batch 96",
+               "load_start": "1.00 2.00 3.00", "load_end": "1.00 1.00 1.00"}
+    (tmp_path / "results").mkdir()
+    full = tmp_path / "results" / "scaling.md"
+    full.write_text("the full invocation's page\n")
+    name = "scaling-large-batch"
+    paths = sb.write_results(results, "TABLE", tmp_path / "r.json", tmp_path / "results", name)
+    assert paths[1] == tmp_path / "results" / "scaling-large-batch.md"
+    assert paths[1].read_text().startswith("# Scaling on the lab: 1 -> 2 -> 3 laptops\n")
+    assert full.read_text() == "the full invocation's page\n"
+
+
+@pytest.mark.parametrize("name", ["", "../scaling", "a/b", ".hidden", "page md"])
+def test_a_results_name_that_is_not_a_plain_file_name_is_refused_in_one_line(name, capsys):
+    with pytest.raises(SystemExit) as exc:
+        sb.main(["--results-name", name])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "error: argument --results-name: " in err[-1] and "without folder" in err[-1]
