@@ -52,7 +52,8 @@ ran, 2 on bad arguments or a lab that is not up, 1 when a play failed.
 
 Usage (controller, lab up and provisioned):
   .venv/bin/python benchmarks/scaling.py [--samples 12600] [--target 2.1] [--link-mbit 1000]
-      [--per-rank-batch 12] [--preset small] [--repeat 1] [--configs "1 node,3 nodes"] [-e k=v ...]
+      [--per-rank-batch 12] [--quota 0.6] [--preset small] [--repeat 1] [--configs "1 node,3 nodes"]
+      [-e k=v ...] [--train k=v ...] [--results-name scaling]
   .venv/bin/python benchmarks/scaling.py --table runs/bench-scaling-<time>.json   # print again
 """
 
@@ -64,7 +65,7 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -517,6 +518,11 @@ def figures_of(run_dir: Path, target: float, skip: float) -> dict:
     return run_figures(run.records, block, target, skip)
 
 
+def with_quota(configs: list[Config], quota: float) -> list[Config]:
+    """``configs`` with every node of the ``scaling`` group at CPU quota ``quota`` (``--quota``)."""
+    return [replace(c, cpus=(quota,) * c.nodes) if c.group == "scaling" else c for c in configs]
+
+
 def pick(labels: str | None) -> list[Config]:
     """``CONFIGS`` named in the comma list ``labels`` (all when None), in CONFIGS order.
 
@@ -546,6 +552,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--link-mbit", type=int, default=1000, help="every node's link is shaped to this rate")
     p.add_argument("--preset", default="small", choices=tuple(PRESETS), help="the model (ddp_job_preset)")
     p.add_argument("--per-rank-batch", type=int, default=12, help="samples per rank and step")
+    p.add_argument("--quota", type=float, default=0.6,
+                   help="the CPU quota of every node of the 1 -> 2 -> 3 rows (0 < Q <= 1)")
     p.add_argument("--reference-batch", type=int, default=36,
                    help="global batch of the base LR (reference_batch_size: LR x global / this)")
     p.add_argument("--warmup-samples", type=int, default=1080, help="LR warmup, in samples (30 steps x 36)")
@@ -582,8 +590,10 @@ def main(argv: list[str] | None = None) -> int:
         configs = pick(a.configs)
     except ValueError as exc:
         p.error(str(exc))
-    if a.repeat < 1 or a.samples < 1 or not 0 <= a.skip < 1 or a.per_rank_batch < 1:
-        p.error("need --repeat >= 1, --samples >= 1, 0 <= --skip < 1, --per-rank-batch >= 1")
+    if a.repeat < 1 or a.samples < 1 or not 0 <= a.skip < 1 or a.per_rank_batch < 1 or not 0 < a.quota <= 1:
+        p.error("need --repeat >= 1, --samples >= 1, 0 <= --skip < 1, --per-rank-batch >= 1, "
+                "0 < --quota <= 1")
+    configs = with_quota(configs, a.quota)
     lab = lab_module()
     names = lab.lab_containers()
     need = max(c.nodes for c in configs)

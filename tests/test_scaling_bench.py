@@ -277,3 +277,14 @@ def test_a_results_name_that_is_not_a_plain_file_name_is_refused_in_one_line(nam
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "error: argument --results-name: " in err[-1] and "without folder" in err[-1]
+
+
+def test_quota_sets_every_node_of_the_scaling_rows_and_leaves_the_unequal_rows(capsys):
+    got = sb.with_quota(sb.pick(None), 0.4)
+    assert [c.cpus for c in got[:3]] == [(0.4,), (0.4, 0.4), (0.4, 0.4, 0.4)]
+    assert got[3:] == list(sb.CONFIGS[3:])
+    for bad in ("0", "1.5", "-0.2"):
+        with pytest.raises(SystemExit) as exc:
+            sb.main(["--quota", bad])
+        assert exc.value.code == 2
+        assert "0 < --quota <= 1" in capsys.readouterr().err.strip().splitlines()[-1]
