@@ -55,6 +55,7 @@ Usage (controller, lab up and provisioned):
       [--per-rank-batch 12] [--quota 0.6] [--preset small] [--repeat 1] [--configs "1 node,3 nodes"]
       [-e k=v ...] [--train k=v ...] [--results-name scaling]
   .venv/bin/python benchmarks/scaling.py --table runs/bench-scaling-<time>.json   # print again
+  .venv/bin/python benchmarks/scaling.py --table runs/bench-scaling-<time>.json --write [--results-name N]
 """
 
 from __future__ import annotations
@@ -399,10 +400,17 @@ def starved(nodes: dict[str, dict]) -> list[str]:
 def write_results(results: dict, text: str, out: Path, results_dir: Path | None = None,
                   name: str = "scaling") -> list[Path]:
     """Write the raw figures (``out``, JSON: ``--table`` reads it) and the results file
-    ``benchmarks/results/<name>.md`` (the project's writer, ``ddplab.bench.results``: the tables,
-    the command, the machine, the load average before and after), titled by the groups it holds."""
+    (:func:`write_page`)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1) + "\n")
+    return [out, write_page(results, text, out, results_dir, name)]
+
+
+def write_page(results: dict, text: str, out: Path, results_dir: Path | None = None,
+               name: str = "scaling") -> Path:
+    """Write the results file ``benchmarks/results/<name>.md`` of the raw figures ``out`` (the
+    project's writer, ``ddplab.bench.results``: the tables, the invocation's command, the machine,
+    the load average before and after), titled by the groups it holds."""
     nodes = sorted({n for run in results["runs"] for n in run.get("limits", {}).get("nodes", {})})
     lab = f"lab laptops {', '.join(nodes)} (podman containers)" if nodes else None
     groups = {run["config"]["group"] for run in results["runs"]} or {"scaling", "unequal"}
@@ -414,7 +422,7 @@ def write_results(results: dict, text: str, out: Path, results_dir: Path | None 
                "links as read back and measured before each run are listed under the tables"],
         out_dir=results_dir, extra_machine=lab,
     )
-    return [out, md]
+    return md
 
 
 # --------------------------------------------------------------------------- runs on the lab
@@ -443,10 +451,11 @@ def apply_config(lab, names: list[str], cpus: tuple[float, ...], link_mbit: int)
 
 
 def results_name(text: str) -> str:
-    """``--results-name``: a file name without folder or suffix (letters, digits, ``.``, ``_``, ``-``)."""
-    if not text or not all(c.isalnum() or c in "._-" for c in text) or text.startswith("."):
+    """``--results-name``: a results file's name (``ddplab.bench.results.NAME``: lower case, digits,
+    ``-``, ``_``; no folder, no ``.md``)."""
+    if not bench_results.NAME.fullmatch(text):
         raise argparse.ArgumentTypeError(
-            f"{text!r}: a file name without folder or .md (e.g. scaling-large-batch)")
+            f"{text!r}: lower-case letters, digits, '-' and '_', no folder or .md (e.g. scaling-large-batch)")
     return text
 
 
@@ -567,6 +576,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="a training setting of every run (ddp_job_train_overrides; the value as JSON, "
                         "else a string), e.g. --train bucket_cap_mb=1")
     p.add_argument("--table", type=Path, help="print the tables of an earlier run's JSON, figures read again")
+    p.add_argument("--write", action="store_true",
+                   help="with --table: write its results page too (the command shown is the earlier one's)")
     p.add_argument("--results-dir", type=Path, help="folder of the results file (default benchmarks/results)")
     p.add_argument("--results-name", default="scaling", type=results_name, metavar="NAME",
                    help="the results file is <results-dir>/NAME.md (default scaling: the full invocation's "
@@ -584,7 +595,10 @@ def main(argv: list[str] | None = None) -> int:
             if run.get("run_id") and folder.is_dir():
                 settings = results["settings"]
                 run["figures"] = figures_of(folder, settings["target"], settings["skip"])
-        print(tables(results))
+        text = tables(results)
+        print(text)
+        if a.write:
+            print(f"wrote {write_page(results, text, a.table, a.results_dir, a.results_name)}")
         return 0
     try:
         configs = pick(a.configs)
@@ -607,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scaling: {exc}; fix: `make lab-down lab-up`, then `make demo` once to provision the laptops",
               file=sys.stderr)
         return 2
-    skip = ("table", "out", "runs_dir", "results_dir", "results_name")
+    skip = ("table", "write", "out", "runs_dir", "results_dir", "results_name")
     results = {"settings": {k: v for k, v in vars(a).items() if k not in skip},
                "command": bench_results.command_line(), "load_start": loadavg(), "runs": []}
     results["settings"]["link_mbit"] = a.link_mbit

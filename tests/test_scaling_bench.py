@@ -270,13 +270,13 @@ def test_a_named_invocation_writes_its_own_page_titled_by_its_groups(tmp_path):
     assert full.read_text() == "the full invocation's page\n"
 
 
-@pytest.mark.parametrize("name", ["", "../scaling", "a/b", ".hidden", "page md"])
+@pytest.mark.parametrize("name", ["", "../scaling", "a/b", ".hidden", "page md", "quota-0.4", "Scaling"])
 def test_a_results_name_that_is_not_a_plain_file_name_is_refused_in_one_line(name, capsys):
     with pytest.raises(SystemExit) as exc:
         sb.main(["--results-name", name])
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert "error: argument --results-name: " in err[-1] and "without folder" in err[-1]
+    assert "error: argument --results-name: " in err[-1] and "no folder or .md" in err[-1]
 
 
 def test_quota_sets_every_node_of_the_scaling_rows_and_leaves_the_unequal_rows(capsys):
@@ -288,3 +288,22 @@ def test_quota_sets_every_node_of_the_scaling_rows_and_leaves_the_unequal_rows(c
             sb.main(["--quota", bad])
         assert exc.value.code == 2
         assert "0 < --quota <= 1" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_table_write_makes_the_page_of_an_earlier_invocation_and_keeps_its_raw_file(tmp_path, capsys):
+    settings = {"samples": 12600, "target": 2.1, "link_mbit": 1000, "preset": "small", "per_rank_batch": 96,
+                "skip": 0.2}
+    results = {"settings": settings, "runs": [],
+               "command": "benchmarks/scaling.py --quota 0.4", "load_start": "1.00 2.00 3.00",
+               "load_end": "0.50 0.50 0.50"}
+    raw = tmp_path / "bench-scaling.json"
+    raw.write_text(json.dumps(results))
+    before = raw.read_bytes()
+    argv = ["--table", str(raw), "--runs-dir", str(tmp_path), "--results-dir", str(tmp_path / "res")]
+    assert sb.main([*argv, "--write", "--results-name", "scaling-low-quota"]) == 0
+    md = (tmp_path / "res" / "scaling-low-quota.md").read_text()
+    assert "`benchmarks/scaling.py --quota 0.4`" in md and "before 1.00 2.00 3.00; after 0.50 0.50 0.50" in md
+    assert raw.read_bytes() == before
+    assert capsys.readouterr().out.strip().endswith(f"wrote {tmp_path / 'res' / 'scaling-low-quota.md'}")
+    assert sb.main(argv) == 0  # without --write: printed only
+    assert sorted(p.name for p in (tmp_path / "res").iterdir()) == ["scaling-low-quota.md"]
