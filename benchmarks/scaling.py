@@ -451,12 +451,31 @@ def apply_config(lab, names: list[str], cpus: tuple[float, ...], link_mbit: int)
 
 
 def results_name(text: str) -> str:
-    """``--results-name``: a results file's name (``ddplab.bench.results.NAME``: lower case, digits,
-    ``-``, ``_``; no folder, no ``.md``)."""
-    if not bench_results.NAME.fullmatch(text):
+    """``--results-name``: a page of this benchmark, ``scaling`` or ``scaling-<words>``
+    (``ddplab.bench.results.NAME``: lower case, digits, ``-``, ``_``; at most 100 characters)."""
+    if not (bench_results.NAME.fullmatch(text) and len(text) <= 100
+            and (text == "scaling" or text.startswith("scaling-"))):
         raise argparse.ArgumentTypeError(
-            f"{text!r}: lower-case letters, digits, '-' and '_', no folder or .md (e.g. scaling-large-batch)")
+            f"{text!r}: scaling or scaling-<words> (lower-case letters, digits, '-', '_'; no folder or .md; "
+            "e.g. scaling-large-batch)")
     return text
+
+
+def page_name(given: str | None, settings: dict) -> str:
+    """The results page of an invocation: ``--results-name``, else the one its raw figures recorded,
+    else ``scaling`` for the full invocation.
+
+    Raises:
+        ValueError: a partial invocation (``--configs``) with no name, which would replace the full
+            invocation's page.
+    """
+    name = given or settings.get("results_name")
+    if name:
+        return name
+    if settings.get("configs"):
+        raise ValueError("--configs runs part of the benchmark: name its page with --results-name "
+                         "scaling-<words> so that the full invocation's scaling.md stays")
+    return "scaling"
 
 
 def train_setting(text: str) -> tuple[str, Any]:
@@ -579,26 +598,39 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--write", action="store_true",
                    help="with --table: write its results page too (the command shown is the earlier one's)")
     p.add_argument("--results-dir", type=Path, help="folder of the results file (default benchmarks/results)")
-    p.add_argument("--results-name", default="scaling", type=results_name, metavar="NAME",
-                   help="the results file is <results-dir>/NAME.md (default scaling: the full invocation's "
-                        "page; name a partial or differently sized invocation so it does not replace it)")
+    p.add_argument("--results-name", type=results_name, metavar="NAME",
+                   help="the results file is <results-dir>/NAME.md, NAME scaling or scaling-<words> (default "
+                        "scaling, the full invocation's page; a partial one, --configs, must name its own; "
+                        "--table --write: the name its raw figures recorded)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
     a = p.parse_args(argv)
+    if a.write and a.table is None:
+        p.error("--write writes the page of an earlier invocation: give its raw figures with --table")
     if a.table is not None:
-        results = json.loads(a.table.read_text())
-        for run in results["runs"]:
-            folder = a.runs_dir / run.get("run_id", "")
-            if run.get("run_id") and folder.is_dir():
-                settings = results["settings"]
-                run["figures"] = figures_of(folder, settings["target"], settings["skip"])
-        text = tables(results)
+        try:
+            results = json.loads(a.table.read_text())
+            for run in results["runs"]:
+                folder = a.runs_dir / run.get("run_id", "")
+                if run.get("run_id") and folder.is_dir():
+                    settings = results["settings"]
+                    run["figures"] = figures_of(folder, settings["target"], settings["skip"])
+            text = tables(results)
+            name = page_name(a.results_name, results["settings"]) if a.write else None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, LookupError, TypeError,
+                AttributeError) as exc:
+            print(f"scaling: --table {a.table}: not raw figures of this benchmark ({type(exc).__name__}: "
+                  f"{exc}); fix: give a runs/bench-scaling-<time>.json it wrote", file=sys.stderr)
+            return 2
+        except ValueError as exc:
+            print(f"scaling: --table {a.table}: {exc}", file=sys.stderr)
+            return 2
         print(text)
         if a.write:
-            print(f"wrote {write_page(results, text, a.table, a.results_dir, a.results_name)}")
+            print(f"wrote {write_page(results, text, a.table, a.results_dir, name)}")
         return 0
     try:
         configs = pick(a.configs)
@@ -608,6 +640,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("need --repeat >= 1, --samples >= 1, 0 <= --skip < 1, --per-rank-batch >= 1, "
                 "0 < --quota <= 1")
     configs = with_quota(configs, a.quota)
+    try:
+        a.results_name = page_name(a.results_name, vars(a))
+    except ValueError as exc:
+        p.error(str(exc))
     lab = lab_module()
     names = lab.lab_containers()
     need = max(c.nodes for c in configs)
@@ -621,7 +657,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scaling: {exc}; fix: `make lab-down lab-up`, then `make demo` once to provision the laptops",
               file=sys.stderr)
         return 2
-    skip = ("table", "write", "out", "runs_dir", "results_dir", "results_name")
+    skip = ("table", "write", "out", "runs_dir", "results_dir")
     results = {"settings": {k: v for k, v in vars(a).items() if k not in skip},
                "command": bench_results.command_line(), "load_start": loadavg(), "runs": []}
     results["settings"]["link_mbit"] = a.link_mbit

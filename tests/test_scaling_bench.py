@@ -250,7 +250,8 @@ def test_limits_that_cannot_be_put_back_are_one_line_after_the_runs_error(monkey
     (tmp_path / "inventory").mkdir()
     (tmp_path / "inventory" / "hosts.yml").write_text("all: {}\n")
     monkeypatch.setattr(sb, "REPO", tmp_path)
-    assert sb.main(["-i", "inventory", "--runs-dir", str(tmp_path / "runs"), "--configs", "1 node"]) == 1
+    assert sb.main(["-i", "inventory", "--runs-dir", str(tmp_path / "runs"), "--configs", "1 node",
+                    "--results-name", "scaling-one-node", "--results-dir", str(tmp_path / "results")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["scaling: 1 node: training failed",
                    "scaling: putting the lab's limits back: laptop-a: cannot exec in a stopped container"]
@@ -307,3 +308,55 @@ def test_table_write_makes_the_page_of_an_earlier_invocation_and_keeps_its_raw_f
     assert capsys.readouterr().out.strip().endswith(f"wrote {tmp_path / 'res' / 'scaling-low-quota.md'}")
     assert sb.main(argv) == 0  # without --write: printed only
     assert sorted(p.name for p in (tmp_path / "res").iterdir()) == ["scaling-low-quota.md"]
+
+
+def test_a_partial_invocation_must_name_its_page_before_anything_runs(monkeypatch, capsys):
+    import lab
+
+    monkeypatch.setattr(lab, "lab_containers", lambda: pytest.fail("the lab was looked at"))
+    with pytest.raises(SystemExit) as exc:
+        sb.main(["--configs", "1 node,3 nodes", "--samples", "1200"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--configs runs part of the benchmark: name its page with --results-name scaling-<words>" in err
+    with pytest.raises(SystemExit):
+        sb.main(["--write"])  # --write without --table would start the full benchmark
+    assert "give its raw figures with --table" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["lowcomm", "lr_sweep", "scaling-" + "x" * 100])
+def test_a_results_name_of_another_benchmark_or_too_long_is_refused(name, capsys):
+    with pytest.raises(SystemExit):
+        sb.main(["--table", "x.json", "--write", "--results-name", name])
+    assert "scaling or scaling-<words>" in capsys.readouterr().err
+
+
+def test_table_write_keeps_the_page_name_its_raw_figures_recorded(tmp_path, capsys):
+    settings = {"samples": 12600, "target": 2.1, "link_mbit": 1000, "preset": "small", "per_rank_batch": 96,
+                "skip": 0.2, "configs": "1 node,3 nodes", "results_name": "scaling-large-batch"}
+    raw = tmp_path / "raw.json"
+    raw.write_text(json.dumps({"settings": settings, "runs": [], "command": "c", "load_start": "1 1 1",
+                               "load_end": "1 1 1"}))
+    argv = ["--table", str(raw), "--write", "--runs-dir", str(tmp_path),
+            "--results-dir", str(tmp_path / "res")]
+    assert sb.main(argv) == 0
+    assert sorted(p.name for p in (tmp_path / "res").iterdir()) == ["scaling-large-batch.md"]
+    del settings["results_name"]  # a partial invocation's raw figures from before the name was recorded
+    raw.write_text(json.dumps({"settings": settings, "runs": [], "command": "c", "load_start": "1 1 1",
+                               "load_end": "1 1 1"}))
+    assert sb.main(argv) == 2
+    assert "--results-name scaling-<words>" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert sorted(p.name for p in (tmp_path / "res").iterdir()) == ["scaling-large-batch.md"]
+
+
+@pytest.mark.parametrize("content", [None, "", '{"runs": [', "[]", "{}", '{"runs": []}', b"\xff\xfe"])
+def test_a_table_that_is_not_this_benchmarks_raw_figures_is_one_line(tmp_path, capsys, content):
+    raw = tmp_path / "raw.json"
+    if isinstance(content, bytes):
+        raw.write_bytes(content)
+    elif content is not None:
+        raw.write_text(content)
+    assert sb.main(["--table", str(raw), "--write", "--results-dir", str(tmp_path / "res")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"scaling: --table {raw}: ") and "fix: " in err[0]
+    assert not (tmp_path / "res").exists()
