@@ -608,6 +608,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
     a = p.parse_args(argv)
+    if a.results_dir is not None and a.results_dir.exists() and not a.results_dir.is_dir():
+        p.error(f"--results-dir {a.results_dir} is a file: give a folder (it is made if missing)")
     if a.write and a.table is None:
         p.error("--write writes the page of an earlier invocation: give its raw figures with --table")
     if a.table is not None:

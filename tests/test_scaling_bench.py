@@ -360,3 +360,10 @@ def test_a_table_that_is_not_this_benchmarks_raw_figures_is_one_line(tmp_path, c
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"scaling: --table {raw}: ") and "fix: " in err[0]
     assert not (tmp_path / "res").exists()
+
+
+def test_a_results_dir_that_is_a_file_is_refused_before_anything(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit) as exc:
+        sb.main(["--table", str(tmp_path / "raw.json"), "--write", "--results-dir", str(tmp_path / "file")])
+    assert exc.value.code == 2 and "is a file: give a folder" in capsys.readouterr().err
