@@ -46,7 +46,8 @@ Figures, from the collected run folder (``ddplab.controller.rundir``; rank 0's r
 Prints two tables beside the seed's 1.0x / 1.9x / 2.7x and the issue's targets (>= 1.95x / >= 2.85x
 with equal quotas; balanced batches >= 0.95 of the reference), with the load average of every run,
 and writes the raw figures as JSON (``--out``) and the tables as the results file
-``benchmarks/results/scaling.md`` (``ddplab.bench.results``). The lab's CPU quotas
+``benchmarks/results/<name>.md`` (``ddplab.bench.results``; ``scaling`` for the full invocation, a
+partial one names its own with ``--results-name scaling-<words>``). The lab's CPU quotas
 and links are put back as they were at the end. Figures, not assertions: exit 0 whenever every play
 ran, 2 on bad arguments or a lab that is not up, 1 when a play failed.
 
