@@ -194,7 +194,7 @@ def reach(host: str, what: str, address: str, port: Any, timeout_s: Any, error: 
     problem = None if error is None else (
         f"{host} cannot reach the {service} at {endpoint} within {timeout_s} s ({error.strip()});"
         f" fix: allow TCP {port} from the trainers' subnet in the rendezvous host's firewall {REACH[what]}")
-    return record(f"{what}_reach", problem, f"reaches the {service.split()[-1]} at {endpoint}")
+    return record(f"{what}_reach", problem, f"reaches the {what} at {endpoint}")
 
 
 PORTS = {
