@@ -95,10 +95,13 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def torchrun_cmd(nproc: int, args: list[str], max_restarts: int = 0) -> list[str]:
-    """``torchrun --standalone`` with ``nproc`` local workers running ``python -m ddplab.train``."""
+def torchrun_cmd(nproc: int, args: list[str], max_restarts: int = 0, script: Path | None = None,
+                 ) -> list[str]:
+    """``torchrun --standalone`` with ``nproc`` local workers running ``python -m ddplab.train``,
+    or the harness ``script`` (e.g. tests/step_kill.py) that wraps it."""
+    entry = [str(script)] if script else ["-m", "ddplab.train"]
     return [str(VENV_BIN / "torchrun"), "--standalone", f"--nproc-per-node={nproc}",
-            f"--max-restarts={max_restarts}", "--monitor-interval=0.1", "-m", "ddplab.train", *args]
+            f"--max-restarts={max_restarts}", "--monitor-interval=0.1", *entry, *args]
 
 
 def run_torchrun(nproc: int, args: list[str], max_restarts: int = 0, timeout: float = 240,

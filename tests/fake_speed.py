@@ -9,7 +9,8 @@ workers inherit the model.
 The model, from the environment: ``DDPLAB_FAKE_SPEEDS`` (samples per second by torchrun ``RANK``,
 e.g. ``4,2,1``; one value for a replica of its own); ``DDPLAB_FAKE_CHANGE`` (optional,
 ``RANK:STEP:FACTOR``: from attempt STEP on, that rank's speed times FACTOR). A step's work is then
-``samples / speed`` seconds, whatever the real time was.
+``samples / speed`` seconds, whatever the real time was. ``DDPLAB_KILL_AT`` (optional): the fault
+of tests/step_kill.py, in the worker script only.
 """
 
 from __future__ import annotations
@@ -45,7 +46,10 @@ def install() -> None:
 
 
 if __name__ == "__main__":
+    import step_kill  # beside this file: the fault of DDPLAB_KILL_AT, when set
+
     install()
+    step_kill.install()
     if sys.argv[1:2] == ["--agent"]:
         from ddplab import agent
 

@@ -187,9 +187,11 @@ def test_a_lighthouse_out_of_reach_past_the_quorum_timeout_is_ridden_out_in_one_
     # the lighthouse frozen (SIGSTOP) longer than ft_quorum_timeout_s, as a partition of the
     # controller looks to a replica: every quorum call raises TimeoutError. Before, that ended the
     # worker (cause error) and torchrun restarted it, once per timeout (the newcomer's 200 s
-    # partition spent 3 restarts so); now each worker asks again in its own life and trains on
+    # partition spent 3 restarts so); now each worker asks again in its own life and trains on.
+    # ft_timeout_s 5: after the thaw both replicas configure a new process group at once; at the
+    # default 1.5 s that configure can time out on a machine the other tests load, again and again
     reps, _ = two_in_step(tmp_path, data_path, lighthouse, 10, ft_quorum_timeout_s=3,
-                          ft_rejoin_wait_s=60, max_restarts=1)
+                          ft_rejoin_wait_s=60, max_restarts=1, ft_timeout_s=5)
     lighthouse.proc.send_signal(signal.SIGSTOP)
     frozen = time.time()
     wait_until("a quorum call timed out", lambda: all(

@@ -76,13 +76,17 @@ def kill_rank_when(
     raise AssertionError(f"rank 0 never reached step {at_step} (torchrun exit {proc.poll()})")
 
 
-def run_with_a_kill(cmd: list[str], env: dict[str, str], out_dir: Path, rank: int, at_step: int) -> str:
-    """Run torchrun ``cmd``, SIGKILL its worker ``rank`` once rank 0 logged ``at_step`` (the
-    group restarts: ``--max-restarts``), and return the output once it ended with exit 0."""
+STEP_KILL = REPO / "tests" / "step_kill.py"
+
+
+def run_with_a_kill(cmd: list[str], env: dict[str, str], rank: int, at_step: int) -> str:
+    """Run torchrun ``cmd`` (workers: tests/step_kill.py or a harness that installs it) whose
+    worker ``rank`` SIGKILLs itself as it begins step ``at_step`` in the first life (the group
+    restarts: ``--max-restarts``); return the output once it ended with exit 0."""
+    env = {**env, "DDPLAB_KILL_AT": f"{rank}:{at_step}"}
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
-        kill_rank_when(proc, out_dir, rank=rank, at_step=at_step)
         output, _ = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
@@ -99,15 +103,15 @@ def test_killed_worker_costs_no_step_and_resume_is_exact(tmp_path, data_path):
     done = run_torchrun(3, tiny_args(ref, data_path, **args))
     assert done.returncode == 0, done.stderr[-3000:]
 
-    run_with_a_kill(torchrun_cmd(3, tiny_args(killed, data_path, **args), max_restarts=1), subprocess_env(),
-                    killed, rank=2, at_step=30)
+    run_with_a_kill(torchrun_cmd(3, tiny_args(killed, data_path, **args), max_restarts=1, script=STEP_KILL),
+                    subprocess_env(), rank=2, at_step=31)
 
     records = read_metrics(killed, local_rank=0)
     starts = by_event(records, "start")
     assert [(s["restart_count"], s["world_size"]) for s in starts] == [(0, 3), (1, 3)]
     before = [r["step"] for r in records if r["event"] == "step" and r["restart_count"] == 0]
     after = [r["step"] for r in records if r["event"] == "step" and r["restart_count"] == 1]
-    assert before[0] == 1 and before[-1] >= 30
+    assert before[0] == 1 and before[-1] == 30
     # zero steps lost: the restarted group resumes from the last step completed before the kill
     assert starts[1]["resumed_from_step"] == before[-1]
     assert starts[1]["samples_seen"] == before[-1] * 12
@@ -115,9 +119,8 @@ def test_killed_worker_costs_no_step_and_resume_is_exact(tmp_path, data_path):
     # the survivors wrote the emergency checkpoint (no periodic one existed before the kill)
     survivors = [read_metrics(killed, local_rank=r) for r in (0, 1)]
     failures = [f for recs in survivors for f in by_event(recs, "failure")]
-    # a survivor SIGTERM'd while in the all-reduce of the next step records the step before (seen at
-    # load ~15): what must hold is an emergency checkpoint of the last completed step
-    assert len(failures) == 2 and all(f["step"] in (before[-1] - 1, before[-1]) for f in failures), failures
+    # both survivors were SIGTERM'd in step 31's all-reduce: each records step 30, the last completed
+    assert len(failures) == 2 and all(f["step"] == before[-1] for f in failures), failures
     assert any(f["saved"] and f["step"] == before[-1] for f in failures), failures
     assert any(c.get("reason") == "emergency" and c["step"] == before[-1]
                for recs in survivors for c in by_event(recs, "checkpoint"))
