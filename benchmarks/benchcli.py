@@ -30,8 +30,15 @@ def first_sentence(doc: str | None) -> str:
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """``--help`` that shows every option's default (``(default: ...)`` after its help text) and
-    keeps the description's and epilog's line breaks."""
+    """``--help`` that shows an option's default (``(default: ...)`` after its help text) unless
+    the default is None, False or already named in the help text, and keeps the description's and
+    epilog's line breaks."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default in (None, False) or "default" in text:
+            return text
+        return super()._get_help_string(action)
 
 
 def add_results_dir(parser: argparse.ArgumentParser) -> None:

@@ -60,5 +60,16 @@ def test_fault_loss_help_gives_every_default():
             options[-1] += " " + line.strip()
     options = [o for o in options if not o.startswith("  -h,")]
     assert len(options) >= 13, out
-    assert all("(default: " in line for line in options), [o for o in options if "(default: " not in o]
+    # an option without a value by default (None) says what unset means in its own words
+    unset = ("--out", "--plot", "--table", "--results-dir")
+    named = {line.split()[0]: line for line in options}
+    assert all("(default: " in line for flag, line in named.items() if flag not in unset), options
+    assert all("unset: " in named[flag] or "no play" in named[flag] for flag in unset), options
     assert "--seed SEED" in out and "(default: 1337)" in out and "(default: per_step)" in out
+
+
+@pytest.mark.parametrize("path", BENCHMARKS, ids=lambda p: p.name)
+def test_no_help_shows_a_default_of_none(path):
+    """--help ended options without a default in "(default: None)" (and flags in "(default: False)")."""
+    out = _help(path.name)
+    assert "(default: None)" not in out and "(default: False)" not in out, out
