@@ -188,11 +188,12 @@ def test_train_yml_refused_by_the_lock_starts_no_store(tmp_path, holder):
     assert not (tmp_path / "rdzv" / f"store-{port}.json").exists() and not _listening(port)
 
 
-def _refused_after_the_store(tmp_path: Path, port: int) -> tuple[int, str]:
+def _refused_after_the_store(tmp_path: Path, port: int, *dataset: str) -> tuple[int, str]:
     """playbooks/train.yml's rendezvous play, then ddp_job's launch whose dataset is not the one
     its sha256 names (prepare.yml refuses it after the store started). The read-only preflight is
     taken as done: this controller is no systemd node (the preflight refuses it), and playbooks/
-    train.yml runs that part before the rendezvous play (test_train_yml_refused_by_the_lock_...)."""
+    train.yml runs that part before the rendezvous play (test_train_yml_refused_by_the_lock_...).
+    ``dataset``: -e arguments in place of the bad local copy."""
     bad = tmp_path / "input.txt"
     bad.write_text("not tiny shakespeare\n")
     play = tmp_path / "train.yml"
@@ -232,8 +233,7 @@ def _refused_after_the_store(tmp_path: Path, port: int) -> tuple[int, str]:
         [str(play)],
         "-e",
         "ddp_job_watch=false",
-        "-e",
-        f"ddp_job_dataset_src={bad}",
+        *(dataset or ("-e", f"ddp_job_dataset_src={bad}")),
         "-e",
         f"ddp_job_dataset_cache_dir={tmp_path / 'cache'}",
         timeout=600,
@@ -255,6 +255,23 @@ def test_a_launch_refused_after_its_store_started_stops_that_store(tmp_path):
     ), found
     assert not _listening(port) and not (tmp_path / "rdzv" / f"store-{port}.json").exists()
     assert not (tmp_path / "runs" / ".launch.lock").exists()
+
+
+def test_a_dataset_that_cannot_be_downloaded_says_how_to_give_a_local_copy(tmp_path):
+    """No ddp_job_dataset_src and a URL nothing answers (a machine without internet): one line
+    naming the URL and the fix, and the launch's store is stopped as for any refusal."""
+    port, closed = free_port(), free_port()
+    url = f"http://127.0.0.1:{closed}/input.txt"
+    rc, out = _refused_after_the_store(tmp_path, port, "-e", "ddp_job_dataset_src=", "-e",
+                                       f"ddp_job_dataset_url={url}")
+    assert rc != 0, out[-3000:]
+    found = [e for e in errors(out) if "could not be downloaded" in e]
+    assert len(found) == 1, errors(out)
+    assert found[0].startswith(f"the dataset could not be downloaded from {url} ("), found
+    assert found[0].endswith("fix: give a local copy of it: make demo DATASET=/path/to/input.txt, or"
+                             " -e ddp_job_dataset_src=/path/to/input.txt (or set ddp_job_dataset_url to a"
+                             " mirror)"), found
+    assert not _listening(port) and not (tmp_path / "runs" / ".launch.lock").exists()
 
 
 def test_a_store_that_ran_before_the_launch_is_left(tmp_path):
