@@ -288,7 +288,11 @@ def main(argv: list[str] | None = None) -> int:
         print(table(raw["runs"]))
         if a.write:
             notes = [*raw.get("notes", []), f"raw figures: {a.table} (runs an earlier invocation finished)"]
-            print(f"results: {write_results(raw['runs'], notes, a)}")
+            if "made" not in raw:
+                notes.append("these raw figures did not record their command, date, commit and machine: "
+                             "those above are of this page's writing")
+            page = write_results(raw["runs"], notes, a, command=raw.get("command"), made=raw.get("made"))
+            print(f"results: {page}")
         return 0
     hs = [h for h in a.sync_every.split(",") if h]
     modes = [m for m in a.modes.split(",") if m] or [*DDP_MODES, *(f"diloco-{h}" for h in hs)]
@@ -300,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     out = a.out or a.runs_dir / f"bench-lowcomm-{time.strftime('%Y%m%d-%H%M%S')}.json"
     load_before = results.loadavg()
+    made = {"command": results.command_line(), "made": results.provenance()}
     rows: list[dict] = []
     notes: list[str] = []
     try:
@@ -312,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                 plan += [("gpt2", m, a.gpt2_steps, a.seed) for m in modes if m in DDP_MODES]
             for preset, mode, steps, seed in plan:
                 rows.append(one_run(a, link, mode, preset, steps, seed))
-                out.write_text(json.dumps({"runs": rows, "notes": notes}, indent=1) + "\n")
+                out.write_text(json.dumps({"runs": rows, "notes": notes, **made}, indent=1) + "\n")
     except BenchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         if rows:
@@ -321,14 +326,17 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         unshaped = unshape(a, notes)
     print(f"\n{table(rows)}\n\nraw figures: {out}")
-    print(f"results: {write_results(rows, [*notes, f'raw figures: {out}'], a, load_before)}")
+    print(f"results: {write_results(rows, [*notes, f'raw figures: {out}'], a, load_before, **made)}")
     return 0 if unshaped else 2
 
 
-def write_results(rows: list[dict], notes: list[str], a: argparse.Namespace, load_before: Any = None) -> Path:
+def write_results(rows: list[dict], notes: list[str], a: argparse.Namespace, load_before: Any = None,
+                  command: str | None = None, made: dict | None = None) -> Path:
     """benchmarks/results/lowcomm.md: the table of ``rows`` (the runs' steps read from the rows).
     ``load_before`` None (``--table --write``: the figures of an earlier invocation's JSON, e.g. one
-    that was interrupted, its finished runs only): each row's own load column stands for it."""
+    that was interrupted, its finished runs only): each row's own load column stands for it.
+    ``command`` and ``made``: the invocation's command line and ``ddplab.bench.results.provenance``
+    as its raw figures recorded them (None: this process's, now)."""
     steps = {p: sorted({r["steps"] for r in rows if r["preset"] == p}) for p in ("small", "gpt2")}
     heading = (
         "bytes on the wire, step time, tokens/s, communication share and final val loss per mode "
@@ -343,6 +351,8 @@ def write_results(rows: list[dict], notes: list[str], a: argparse.Namespace, loa
         load_after=None if load_before is not None else "per run: the table's load column",
         notes=notes,
         out_dir=a.results_dir,
+        command=command,
+        made=made,
     )
 
 

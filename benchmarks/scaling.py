@@ -410,18 +410,22 @@ def write_results(results: dict, text: str, out: Path, results_dir: Path | None 
 def write_page(results: dict, text: str, out: Path, results_dir: Path | None = None,
                name: str = "scaling") -> Path:
     """Write the results file ``benchmarks/results/<name>.md`` of the raw figures ``out`` (the
-    project's writer, ``ddplab.bench.results``: the tables, the invocation's command, the machine,
-    the load average before and after), titled by the groups it holds."""
+    project's writer, ``ddplab.bench.results``: the tables, the invocation's command, the date,
+    commit and machine it recorded as ``made``, the load average before and after), titled by the
+    groups it holds."""
     nodes = sorted({n for run in results["runs"] for n in run.get("limits", {}).get("nodes", {})})
     lab = f"lab laptops {', '.join(nodes)} (podman containers)" if nodes else None
     groups = {run["config"]["group"] for run in results["runs"]} or {"scaling", "unequal"}
     title = ", ".join(TITLES[g] for g in ("scaling", "unequal") if g in groups)
+    notes = [f"raw figures: {out}", "each run's own load average is in its row; the lab's CPU quotas and "
+             "links as read back and measured before each run are listed under the tables"]
+    if "made" not in results:
+        notes.append("these raw figures did not record when, at which commit and on which machine they were "
+                     "measured: the date, commit and machine above are those of this page's writing")
     md = bench_results.write(
         name, bench_results.code_block(text), title=f"Scaling on the lab: {title}",
         load_before=results["load_start"], load_after=results["load_end"], command=results["command"],
-        notes=[f"raw figures: {out}", "each run's own load average is in its row; the lab's CPU quotas and "
-               "links as read back and measured before each run are listed under the tables"],
-        out_dir=results_dir, extra_machine=lab,
+        notes=notes, out_dir=results_dir, extra_machine=lab, made=results.get("made"),
     )
     return md
 
@@ -662,7 +666,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     skip = ("table", "write", "out", "runs_dir", "results_dir")
     results = {"settings": {k: v for k, v in vars(a).items() if k not in skip},
-               "command": bench_results.command_line(), "load_start": loadavg(), "runs": []}
+               "command": bench_results.command_line(), "made": bench_results.provenance(),
+               "load_start": loadavg(), "runs": []}
     results["settings"]["link_mbit"] = a.link_mbit
     out = a.out or a.runs_dir / f"bench-scaling-{time.strftime('%Y%m%d-%H%M%S')}.json"
     code = 0

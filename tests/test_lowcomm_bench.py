@@ -156,6 +156,21 @@ def test_an_earlier_runs_json_writes_the_results_page_with_table_and_write(tmp_p
     assert "(3 laptops; small preset 500 steps, gpt2 3 steps)" in page and "noise band at 1000 Mbit/s" in page
     assert "per run: the table's load column" in page and f"raw figures: {raw}" in page
     assert "1000 Mbit/s: lab limits" in page
+    assert "did not record their command, date, commit and machine" in page  # raw figures of before
+
+
+def test_table_write_shows_the_command_date_and_commit_the_raw_figures_recorded(tmp_path):
+    """A page written again from raw figures showed the rewrite's command (--table ... --write),
+    date and commit."""
+    raw = tmp_path / "bench-lowcomm-x.json"
+    made = {"date": "2026-12-07 14:56:07 UTC", "commit": "0123abc", "machine": "the measuring machine"}
+    raw.write_text(json.dumps({"runs": [row("fp32", 1, 4e6, 2.00)], "notes": [],
+                               "command": "benchmarks/lowcomm.py --links 1000,100", "made": made}))
+    assert lowcomm.main(["--table", str(raw), "--write", "--results-dir", str(tmp_path)]) == 0
+    page = (tmp_path / "lowcomm.md").read_text()
+    assert ("- command: `benchmarks/lowcomm.py --links 1000,100`\n- date: 2026-12-07 14:56:07 UTC\n"
+            "- git commit: 0123abc\n- machine: the measuring machine\n") in page
+    assert "did not record" not in page
 
 
 def test_a_lab_that_cannot_be_shaped_is_one_line_each_and_no_traceback(monkeypatch, tmp_path, capsys):

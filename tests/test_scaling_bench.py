@@ -331,6 +331,51 @@ def test_a_results_name_of_another_benchmark_or_too_long_is_refused(name, capsys
     assert "scaling or scaling-<words>" in capsys.readouterr().err
 
 
+def test_table_write_shows_when_where_and_at_which_commit_the_figures_were_measured(tmp_path, capsys):
+    """A page written again from raw figures showed the rewrite's date and commit."""
+    settings = {"samples": 12600, "target": 2.1, "link_mbit": 1000, "preset": "small", "per_rank_batch": 96,
+                "skip": 0.2}
+    made = {"date": "2026-12-07 18:03:56 UTC", "commit": "0123abc", "machine": "the measuring machine"}
+    raw = tmp_path / "raw.json"
+    raw.write_text(json.dumps({"settings": settings, "runs": [], "command": "c", "made": made,
+                               "load_start": "1 1 1", "load_end": "1 1 1"}))
+    argv = ["--table", str(raw), "--write", "--runs-dir", str(tmp_path),
+            "--results-dir", str(tmp_path / "res")]
+    assert sb.main(argv) == 0
+    md = (tmp_path / "res" / "scaling.md").read_text()
+    assert "- date: 2026-12-07 18:03:56 UTC\n- git commit: 0123abc\n- machine: the measuring machine\n" in md
+    assert "did not record" not in md
+    raw.write_text(json.dumps({"settings": settings, "runs": [], "command": "c", "load_start": "1 1 1",
+                               "load_end": "1 1 1"}))  # raw figures from before they recorded it
+    assert sb.main(argv) == 0
+    md = (tmp_path / "res" / "scaling.md").read_text()
+    assert "0123abc" not in md and "those of this page's writing" in md
+
+
+def test_a_run_records_its_provenance_beside_the_raw_figures(monkeypatch, tmp_path):
+    import lab
+
+    monkeypatch.setattr(lab, "lab_containers", lambda: ["laptop-a"])
+    limits = lab.NodeLimits(0.6, 0.6, 1, "eth0", 1000.0)
+    monkeypatch.setattr(lab, "read_limits", lambda names: dict.fromkeys(names, limits))
+    monkeypatch.setattr(lab, "apply_limits", lambda *a, **kw: None)
+    monkeypatch.setattr(lab, "container_address", lambda name: "10.0.0.1")
+    monkeypatch.setattr(sb, "one_run", lambda a, lab, config, names: {"config": {"label": config.label,
+                                                                                 "group": config.group}})
+    monkeypatch.setattr(sb, "tables", lambda results: "TABLE")
+    monkeypatch.setattr(sb.bench_results, "provenance", lambda: {"date": "D", "commit": "C", "machine": "M"})
+    (tmp_path / "inventory").mkdir()
+    (tmp_path / "inventory" / "hosts.yml").write_text("all: {}\n")
+    monkeypatch.setattr(sb, "REPO", tmp_path)
+    raw = tmp_path / "raw.json"
+    assert sb.main(["-i", "inventory", "--runs-dir", str(tmp_path / "runs"), "--configs", "1 node",
+                    "--results-name", "scaling-one-node", "--results-dir", str(tmp_path / "res"),
+                    "--out", str(raw)]) == 0
+    assert json.loads(raw.read_text())["made"] == {"date": "D", "commit": "C", "machine": "M"}
+    page = (tmp_path / "res" / "scaling-one-node.md").read_text()
+    assert "- date: D\n- git commit: C\n- machine: M\n" in page
+
+
 def test_table_write_keeps_the_page_name_its_raw_figures_recorded(tmp_path, capsys):
     settings = {"samples": 12600, "target": 2.1, "link_mbit": 1000, "preset": "small", "per_rank_batch": 96,
                 "skip": 0.2, "configs": "1 node,3 nodes", "results_name": "scaling-large-batch"}

@@ -21,7 +21,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -202,9 +202,18 @@ def render(title: str, body: str, *, command: str, date: str, commit: str, machi
     return "\n".join(lines)
 
 
+def provenance() -> dict[str, str]:
+    """Where and when figures are measured: ``{"date", "commit", "machine"}`` as a results page
+    shows them (now, :func:`git_commit`, :func:`machine`). A benchmark that keeps raw figures
+    records it beside them, so that a page written again from them (:func:`write`'s ``made``)
+    shows the measurements' date, commit and machine, not the rewrite's."""
+    return {"date": datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": git_commit(),
+            "machine": machine().text()}
+
+
 def write(name: str, body: str, *, title: str, load_before: Load, load_after: Load = None,
           command: str | None = None, notes: Sequence[str] = (), out_dir: str | Path | None = None,
-          extra_machine: str | None = None) -> Path:
+          extra_machine: str | None = None, made: Mapping[str, str] | None = None) -> Path:
     """Write ``<results dir>/<name>.md`` and return its path.
 
     Args:
@@ -220,6 +229,8 @@ def write(name: str, body: str, *, title: str, load_before: Load, load_after: Lo
         notes: lines listed after the body.
         out_dir: the folder (:func:`results_dir`'s ``given``).
         extra_machine: appended to the machine line (e.g. the cluster's nodes).
+        made: the :func:`provenance` recorded when the figures were measured; None: now, this
+            checkout's commit and this machine.
 
     Raises:
         ResultsError: ``name`` is not of the form :data:`NAME`, or no results folder (see
@@ -231,9 +242,9 @@ def write(name: str, body: str, *, title: str, load_before: Load, load_after: Lo
                            "(it becomes <name>.md)")
     folder = results_dir(out_dir)
     after = loadavg() if load_after is None else load_after
+    made = made or provenance()
     text = render(title, body, command=command if command is not None else command_line(),
-                  date=datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z"),
-                  commit=git_commit(), machine_text=machine().text() + (
+                  date=made["date"], commit=made["commit"], machine_text=made["machine"] + (
                       f"; {extra_machine}" if extra_machine else ""),
                   load_before=load_before, load_after=after, notes=notes)
     folder.mkdir(parents=True, exist_ok=True)
