@@ -82,10 +82,8 @@ demo: lab-up ## the main job: bring up the lab, run site.yml end to end, print t
 # scenarios spend much of their time waiting on podman, SSH and training): the output of each of the
 # first two goes to build/test-unit.log and build/lint.log and is printed once all are done, then
 # one line with each lane's exit status and wall time (the scenarios' own lines come before it).
-# TEST_PARALLEL=0 runs them one after the other. The first two lanes run each in a cpu cgroup of
-# TEST_CPU_SHARES (lab/cpu-group.sh), so the lab laptops of the scenarios get their share of the CPU.
+# TEST_PARALLEL=0 runs them one after the other.
 TEST_PARALLEL ?= 1
-TEST_CPU_SHARES ?= 1024
 
 test: deps-test venv image ## everything CI runs: unit tests, linters, molecule scenarios
 ifeq ($(TEST_PARALLEL),0)
@@ -93,8 +91,7 @@ ifeq ($(TEST_PARALLEL),0)
 else
 	@mkdir -p build; start=$$(date +%s); \
 	for lane in test-unit lint; do \
-	  ( t=$$(date +%s); lab/cpu-group.sh ddp-lab-$$lane $(TEST_CPU_SHARES) \
-	      $(MAKE) --no-print-directory $$lane > build/$$lane.log 2>&1; \
+	  ( t=$$(date +%s); $(MAKE) --no-print-directory $$lane > build/$$lane.log 2>&1; \
 	    echo "$$? $$(( $$(date +%s) - t ))" > build/$$lane.rc ) & \
 	done; \
 	$(MAKE) --no-print-directory molecule; mol=$$?; mol_s=$$(( $$(date +%s) - start )); \
