@@ -284,14 +284,24 @@ def main(argv: list[str] | None = None) -> int:
     add_results_dir(p)
     a = p.parse_args(argv)
     if a.table is not None:
-        raw = json.loads(a.table.read_text())
-        print(table(raw["runs"]))
+        try:
+            raw = json.loads(a.table.read_text())
+            text, made = table(raw["runs"]), results.recorded_provenance(raw)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, LookupError, TypeError,
+                AttributeError) as exc:
+            print(f"error: --table {a.table}: not raw figures of this benchmark ({type(exc).__name__}: "
+                  f"{exc}); fix: give a runs/bench-lowcomm-<time>.json it wrote", file=sys.stderr)
+            return 2
+        except ValueError as exc:
+            print(f"error: --table {a.table}: {exc}", file=sys.stderr)
+            return 2
+        print(text)
         if a.write:
             notes = [*raw.get("notes", []), f"raw figures: {a.table} (runs an earlier invocation finished)"]
-            if "made" not in raw:
+            if made is None:
                 notes.append("these raw figures did not record their command, date, commit and machine: "
                              "those above are of this page's writing")
-            page = write_results(raw["runs"], notes, a, command=raw.get("command"), made=raw.get("made"))
+            page = write_results(raw["runs"], notes, a, command=raw.get("command"), made=made)
             print(f"results: {page}")
         return 0
     hs = [h for h in a.sync_every.split(",") if h]

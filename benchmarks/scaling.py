@@ -419,13 +419,14 @@ def write_page(results: dict, text: str, out: Path, results_dir: Path | None = N
     title = ", ".join(TITLES[g] for g in ("scaling", "unequal") if g in groups)
     notes = [f"raw figures: {out}", "each run's own load average is in its row; the lab's CPU quotas and "
              "links as read back and measured before each run are listed under the tables"]
-    if "made" not in results:
+    made = bench_results.recorded_provenance(results)
+    if made is None:
         notes.append("these raw figures did not record when, at which commit and on which machine they were "
                      "measured: the date, commit and machine above are those of this page's writing")
     md = bench_results.write(
         name, bench_results.code_block(text), title=f"Scaling on the lab: {title}",
         load_before=results["load_start"], load_after=results["load_end"], command=results["command"],
-        notes=notes, out_dir=results_dir, extra_machine=lab, made=results.get("made"),
+        notes=notes, out_dir=results_dir, extra_machine=lab, made=made,
     )
     return md
 
@@ -626,6 +627,7 @@ def main(argv: list[str] | None = None) -> int:
                     settings = results["settings"]
                     run["figures"] = figures_of(folder, settings["target"], settings["skip"])
             text = tables(results)
+            bench_results.recorded_provenance(results)
             name = page_name(a.results_name, results["settings"]) if a.write else None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, LookupError, TypeError,
                 AttributeError) as exc:

@@ -173,6 +173,20 @@ def test_table_write_shows_the_command_date_and_commit_the_raw_figures_recorded(
     assert "did not record" not in page
 
 
+@pytest.mark.parametrize("content", [None, "", '{"runs": [', "[]", "{}", '{"runs": 5}',
+                                     '{"runs": [], "made": 5}', '{"runs": [], "made": {"date": "d"}}'])
+def test_a_table_that_is_not_this_benchmarks_raw_figures_is_one_line(tmp_path, capsys, content):
+    """A missing, empty, cut or foreign --table file, or one whose "made" is not a provenance, was a
+    traceback."""
+    raw = tmp_path / "raw.json"
+    if content is not None:
+        raw.write_text(content)
+    assert lowcomm.main(["--table", str(raw), "--write", "--results-dir", str(tmp_path / "res")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: --table {raw}: ") and "fix: " in err[0], err
+    assert not (tmp_path / "res").exists()
+
+
 def test_a_lab_that_cannot_be_shaped_is_one_line_each_and_no_traceback(monkeypatch, tmp_path, capsys):
     """The lab's containers cannot run (lab.py up fails): the benchmark says so in one line, the
     attempt to unshape after it in one more, runs nothing and exits 2."""

@@ -407,6 +407,22 @@ def test_a_table_that_is_not_this_benchmarks_raw_figures_is_one_line(tmp_path, c
     assert not (tmp_path / "res").exists()
 
 
+@pytest.mark.parametrize("made", [5, "yesterday", {}, {"date": "d", "commit": "c"}, {"date": 1, "commit": "c",
+                                                                                  "machine": "m"}])
+def test_raw_figures_whose_provenance_is_not_one_are_one_line(tmp_path, capsys, made):
+    settings = {"samples": 12600, "target": 2.1, "link_mbit": 1000, "preset": "small", "per_rank_batch": 96,
+                "skip": 0.2}
+    raw = tmp_path / "raw.json"
+    raw.write_text(json.dumps({"settings": settings, "runs": [], "command": "c", "made": made,
+                               "load_start": "1 1 1", "load_end": "1 1 1"}))
+    assert sb.main(["--table", str(raw), "--write", "--runs-dir", str(tmp_path),
+                    "--results-dir", str(tmp_path / "res")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f'scaling: --table {raw}: "made" is '), err
+    assert "fix: " in err[0], err
+    assert not (tmp_path / "res").exists()
+
+
 def test_a_results_dir_that_is_a_file_is_refused_before_anything(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     with pytest.raises(SystemExit) as exc:

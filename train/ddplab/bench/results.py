@@ -211,6 +211,23 @@ def provenance() -> dict[str, str]:
             "machine": machine().text()}
 
 
+def recorded_provenance(raw: Mapping) -> dict[str, str] | None:
+    """The :func:`provenance` that raw figures ``raw`` recorded under ``"made"``; None when they
+    did not record one.
+
+    Raises:
+        ValueError: ``"made"`` is not a mapping of the strings ``date``, ``commit`` and ``machine``.
+    """
+    made = raw.get("made")
+    if made is None:
+        return None
+    keys = ("date", "commit", "machine")
+    if not (isinstance(made, Mapping) and all(isinstance(made.get(k), str) for k in keys)):
+        raise ValueError(f'"made" is {made!r}, not the date, commit and machine strings a benchmark records;'
+                         ' fix: give the raw figures as the benchmark wrote them (or drop "made")')
+    return dict(made)
+
+
 def write(name: str, body: str, *, title: str, load_before: Load, load_after: Load = None,
           command: str | None = None, notes: Sequence[str] = (), out_dir: str | Path | None = None,
           extra_machine: str | None = None, made: Mapping[str, str] | None = None) -> Path:
