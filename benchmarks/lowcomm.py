@@ -287,13 +287,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             raw = json.loads(a.table.read_text())
             text, made = table(raw["runs"]), results.recorded_provenance(raw)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, LookupError, TypeError,
-                AttributeError) as exc:
-            print(f"error: --table {a.table}: not raw figures of this benchmark ({type(exc).__name__}: "
-                  f"{exc}); fix: give a runs/bench-lowcomm-<time>.json it wrote", file=sys.stderr)
-            return 2
-        except ValueError as exc:
-            print(f"error: --table {a.table}: {exc}", file=sys.stderr)
+        except results.RAW_FIGURES_ERRORS as exc:
+            problem = results.raw_figures_problem(a.table, exc, "runs/bench-lowcomm-<time>.json")
+            print(f"error: {problem}", file=sys.stderr)
             return 2
         print(text)
         if a.write:

@@ -629,13 +629,9 @@ def main(argv: list[str] | None = None) -> int:
             text = tables(results)
             bench_results.recorded_provenance(results)
             name = page_name(a.results_name, results["settings"]) if a.write else None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, LookupError, TypeError,
-                AttributeError) as exc:
-            print(f"scaling: --table {a.table}: not raw figures of this benchmark ({type(exc).__name__}: "
-                  f"{exc}); fix: give a runs/bench-scaling-<time>.json it wrote", file=sys.stderr)
-            return 2
-        except ValueError as exc:
-            print(f"scaling: --table {a.table}: {exc}", file=sys.stderr)
+        except bench_results.RAW_FIGURES_ERRORS as exc:
+            problem = bench_results.raw_figures_problem(a.table, exc, "runs/bench-scaling-<time>.json")
+            print(f"scaling: {problem}", file=sys.stderr)
             return 2
         print(text)
         if a.write:

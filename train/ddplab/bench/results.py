@@ -211,6 +211,20 @@ def provenance() -> dict[str, str]:
             "machine": machine().text()}
 
 
+def raw_figures_problem(path: Path, exc: Exception, example: str) -> str:
+    """One line on the ``--table`` file ``path`` a benchmark could not take as its raw figures:
+    ``exc`` is what reading, parsing or tabling them raised; ``example`` names a file the benchmark
+    writes (e.g. ``runs/bench-scaling-<time>.json``). A plain ValueError carries its own fix."""
+    if type(exc) is ValueError:
+        return f"--table {path}: {exc}"
+    return (f"--table {path}: not raw figures of this benchmark ({type(exc).__name__}: {exc}); fix: give a "
+            f"{example} it wrote")
+
+
+#: What reading, parsing and tabling a --table file that is not a benchmark's raw figures raises.
+RAW_FIGURES_ERRORS = (OSError, ValueError, LookupError, TypeError, AttributeError)
+
+
 def recorded_provenance(raw: Mapping) -> dict[str, str] | None:
     """The :func:`provenance` that raw figures ``raw`` recorded under ``"made"``; None when they
     did not record one.
