@@ -51,6 +51,13 @@ def test_the_refusal_names_the_finished_run_and_the_cut_off_node():
     assert "laptop-c cut off" in line and "collect_run_id=R" in line and "\n" not in line
     line = fault_filters.finished_refusal(plan, "poweroff", "R")
     assert "there is no training to inject poweroff into" in line
+    # a run already collected (make demo collects it) is not sent to be collected again
+    summary = {"exists": True, "path": "/c/runs/R/summary.json"}
+    line = fault_filters.finished_refusal(plan, "poweroff", "R", summary)
+    assert line.endswith("fix: nothing to recover: its result and report are collected "
+                         "(/c/runs/R/summary.json), or start a new run with site.yml")
+    assert "collect_run_id" not in line
+    assert "collect_run_id=R" in fault_filters.finished_refusal(plan, "poweroff", "R", {"exists": False})
     # a run still going on one laptop is not finished for kill-node.yml (the task's condition)
     plan = fault_filters.resolve({"laptop-a": progress(FINISHED, state="succeeded"),
                                   "laptop-b": progress({}, running=True)}, {}, "laptop-c", -1, "rejoin")

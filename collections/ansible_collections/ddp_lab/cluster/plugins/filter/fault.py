@@ -134,17 +134,22 @@ def finished_group(progress: Mapping[str, Any]) -> dict[str, Any]:
     return {"hosts": list(done), "step": max(steps) if steps else None}
 
 
-def finished_refusal(plan: Mapping[str, Any], mode: str, run_id: str) -> str:
+def finished_refusal(plan: Mapping[str, Any], mode: str, run_id: str,
+                     summary: Mapping[str, Any] | None = None) -> str:
     """kill-node.yml's one line when the run is finished (``plan``: :func:`resolve`): the step its
-    group ended at, that the fault has nothing to act on, every agent's state, and the fix."""
+    group ended at, that the fault has nothing to act on, every agent's state, and the fix.
+    ``summary``: the ``ansible.builtin.stat`` of the run's summary.json on the controller, which
+    exists once the run was collected (None: not looked at)."""
     done = plan.get("finished") or {}
     step = done.get("step")
     what = (f"a rejoin of {plan.get('target')} has nothing to join" if mode == "rejoin"
             else f"there is no training to inject {mode} into")
+    collected = summary.get("path") if summary and summary.get("exists") else None
+    result = (f"its result and report are collected ({collected})" if collected else
+              f"collect it (playbooks/collect.yml -e collect_run_id={run_id}) for its result and report")
     return (f"run {run_id} is finished: its group ended at step {'?' if step is None else step} "
             f"({', '.join(done.get('hosts') or [])}); {what} (agents: {plan.get('agents')}); fix: "
-            f"nothing to recover: collect it (playbooks/collect.yml -e collect_run_id={run_id}) for "
-            "its result and report, or start a new run with site.yml")
+            f"nothing to recover: {result}, or start a new run with site.yml")
 
 
 def intent(plan: Mapping[str, Any], check_mode: bool, mode: str, run_id: str, duration_s: Any,
