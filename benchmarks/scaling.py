@@ -75,7 +75,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path[:0] = [str(HERE), str(REPO / "train"), str(REPO / "lab")]
 
-from benchcli import HelpFormatter, first_sentence  # noqa: E402  (benchmarks/benchcli.py)
+from benchcli import HelpFormatter, add_results_dir, first_sentence  # noqa: E402  (benchmarks/benchcli.py)
 from ddplab.bench import costmodel  # noqa: E402
 from ddplab.bench import results as bench_results  # noqa: E402
 from ddplab.config import PRESETS, build_config  # noqa: E402
@@ -593,7 +593,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-samples", type=int, default=1080, help="LR warmup, in samples (30 steps x 36)")
     p.add_argument("--eval-samples", type=int, default=600, help="samples between evaluations")
     p.add_argument("--skip", type=float, default=0.2, help="fraction of each run left out of tokens/s")
-    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--seed", type=int, default=1337, help="seed of every run (ddp_job_seed)")
     p.add_argument("--runs-dir", type=Path, default=REPO / "runs", help="the controller's runs folder")
     p.add_argument("--out", type=Path, help="raw figures (JSON); default runs/bench-scaling-<time>.json")
     p.add_argument("-e", "--extra", action="append", default=[], help="extra var for every playbook")
@@ -603,7 +603,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--table", type=Path, help="print the tables of an earlier run's JSON, figures read again")
     p.add_argument("--write", action="store_true",
                    help="with --table: write its results page too (the command shown is the earlier one's)")
-    p.add_argument("--results-dir", type=Path, help="folder of the results file (default benchmarks/results)")
+    add_results_dir(p)
     p.add_argument("--results-name", type=results_name, metavar="NAME",
                    help="the results file is <results-dir>/NAME.md, NAME scaling or scaling-<words> (default "
                         "scaling, the full invocation's page; a partial one, --configs, must name its own; "

@@ -31,7 +31,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "train"), str(REPO / "benchmarks")]
 
-from benchcli import add_results_dir, first_sentence  # noqa: E402  (benchmarks/benchcli.py)
+from benchcli import HelpFormatter, add_results_dir, first_sentence  # noqa: E402  (benchmarks/benchcli.py)
 from ddplab import cpushare  # noqa: E402
 from ddplab import train as train_mod  # noqa: E402
 from ddplab.bench import results  # noqa: E402
@@ -92,14 +92,15 @@ def plain_loop(args, data) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=first_sentence(__doc__))
-    parser.add_argument("--preset", default="small")
-    parser.add_argument("--steps", type=int, default=200)
+    parser = argparse.ArgumentParser(description=first_sentence(__doc__), formatter_class=HelpFormatter)
+    parser.add_argument("--preset", default="small", help="the model (ddplab.config presets)")
+    parser.add_argument("--steps", type=int, default=200, help="optimizer steps of each timed loop")
     parser.add_argument("--skip", type=int, default=20, help="steps excluded from the timing (warm-up)")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--log-interval", type=int, default=10)
-    parser.add_argument("--threads", type=int, default=cpushare.threads_for(cpushare.read_share().share))
-    parser.add_argument("--data-path", default=DEFAULT_DATA)
+    parser.add_argument("--repeats", type=int, default=3, help="repeats: ddplab loop, then plain loop")
+    parser.add_argument("--log-interval", type=int, default=10, help="steps between metric records")
+    parser.add_argument("--threads", type=int, default=cpushare.threads_for(cpushare.read_share().share),
+                        help="torch threads (default: this process's CPU share, ddplab.cpushare)")
+    parser.add_argument("--data-path", default=DEFAULT_DATA, help="the tiny-shakespeare input.txt")
     add_results_dir(parser)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -73,3 +73,14 @@ def test_no_help_shows_a_default_of_none(path):
     """--help ended options without a default in "(default: None)" (and flags in "(default: False)")."""
     out = _help(path.name)
     assert "(default: None)" not in out and "(default: False)" not in out, out
+
+
+@pytest.mark.parametrize("path", BENCHMARKS, ids=lambda p: p.name)
+def test_every_option_says_what_it_is(path):
+    """train_overhead.py's options and scaling.py's --seed had no help text at all."""
+    lines = [*_help(path.name).split("options:", 1)[1].splitlines(), ""]
+    # an option's help follows its flags on the same line, or (long flags) on indented lines below
+    bare = [line.strip() for line, below in zip(lines, lines[1:], strict=False)
+            if line.startswith("  -") and "  " not in line.strip()
+            and not (below.startswith("      ") and below.strip())]
+    assert not bare, bare

@@ -407,8 +407,11 @@ def test_a_table_that_is_not_this_benchmarks_raw_figures_is_one_line(tmp_path, c
     assert not (tmp_path / "res").exists()
 
 
-@pytest.mark.parametrize("made", [5, "yesterday", {}, {"date": "d", "commit": "c"}, {"date": 1, "commit": "c",
-                                                                                  "machine": "m"}])
+@pytest.mark.parametrize("made", [5, "yesterday", ["a"], {}, {"date": "d", "commit": "c"},
+                                  {"date": 1, "commit": "c", "machine": "m"},
+                                  {"date": "d", "commit": "c", "machine": None},
+                                  {"date": "D\n# injected heading", "commit": "c", "machine": "m"},
+                                  {"date": "", "commit": "c", "machine": "m"}])
 def test_raw_figures_whose_provenance_is_not_one_are_one_line(tmp_path, capsys, made):
     settings = {"samples": 12600, "target": 2.1, "link_mbit": 1000, "preset": "small", "per_rank_batch": 96,
                 "skip": 0.2}

@@ -230,13 +230,15 @@ def recorded_provenance(raw: Mapping) -> dict[str, str] | None:
     did not record one.
 
     Raises:
-        ValueError: ``"made"`` is not a mapping of the strings ``date``, ``commit`` and ``machine``.
+        ValueError: ``"made"`` is not a mapping of the one-line, non-empty strings ``date``,
+            ``commit`` and ``machine``.
     """
     made = raw.get("made")
     if made is None:
         return None
     keys = ("date", "commit", "machine")
-    if not (isinstance(made, Mapping) and all(isinstance(made.get(k), str) for k in keys)):
+    if not (isinstance(made, Mapping) and all(isinstance(made.get(k), str) and made[k].strip()
+                                              and "\n" not in made[k] for k in keys)):
         raise ValueError(f'"made" is {made!r}, not the date, commit and machine strings a benchmark records;'
                          ' fix: give the raw figures as the benchmark wrote them (or drop "made")')
     return dict(made)
