@@ -383,6 +383,16 @@ def test_missing_dataset(controller_case, tmp_path: Path):
     )
 
 
+def test_a_dataset_url_nothing_can_download_from(controller_case, tmp_path: Path):
+    """No copy given or cached and a URL that is not one: refused before provisioning (it failed at
+    the download, after it)."""
+    rc, out, _ = controller_case(None, None, "-e", "ddp_job_dataset_url=not-a-url", "-e",
+                                 f"ddp_job_dataset_cache_dir={tmp_path}/empty")
+    assert_stopped_before_changes(rc, out)
+    (line,) = errors(out)
+    assert line.startswith("controller: ddp_job_dataset_url 'not-a-url' is not an http, https or ftp URL")
+
+
 def test_types_ranges_and_run_config_given_with_e_once_before_any_host_task(controller_case):
     """Wrong types (argument specs), out-of-range ports/timeouts/rdzv_conf and batch 0 given with -e:
     all reported together, one line each, once (they were one line per trainer), and no trainer's

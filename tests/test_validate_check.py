@@ -245,6 +245,26 @@ def test_dataset_ok_cached_and_not_cached_yet():
         f"not cached yet: the job downloads {URL} and checks its sha256")}
 
 
+@pytest.mark.parametrize("url", ["", "  ", "not-a-url", "ftp:/input.txt", "file:///d/input.txt", "http://"])
+def test_a_dataset_url_nothing_can_download_from_is_refused_when_no_copy_is_given_or_cached(url):
+    """An empty or malformed ddp_job_dataset_url failed only at the download, after provisioning."""
+    detail = vc.dataset("localhost", SUM, "", "/cache/input.txt", url, {"exists": False})["detail"]
+    assert detail.startswith("controller: ddp_job_dataset_url ") and "no copy of the dataset" in detail
+    assert detail.endswith("fix: set it to the dataset's URL, or give a local copy: make demo"
+                           " DATASET=/path/to/input.txt, or -e ddp_job_dataset_src=/path/to/input.txt")
+    assert ("is empty" in detail) == (not url.strip())
+    # a copy given or cached needs no URL
+    assert vc.dataset("localhost", SUM, "", "/c", url, {"exists": True, "isreg": True, "checksum": SUM})[
+        "status"] == "ok"
+    assert vc.dataset("localhost", SUM, "/d/in.txt", "/c", url,
+                      {"exists": True, "isreg": True, "checksum": SUM})["status"] == "ok"
+
+
+@pytest.mark.parametrize("url", ["https://example.org/input.txt", "http://10.0.0.1:8080/in.txt", "ftp://m/in"])
+def test_a_dataset_url_with_a_server_is_taken(url):
+    assert vc.dataset("localhost", SUM, "", "/cache/input.txt", url, {"exists": False})["status"] == "ok"
+
+
 def test_dataset_problems():
     assert _dataset(sha="ABC")["detail"] == (
         "controller: ddp_job_dataset_sha256 'ABC' is not a sha256 (64 lowercase hex digits);"

@@ -24,6 +24,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from ansible.errors import AnsibleActionFail, AnsibleConnectionFailure, AnsibleError
 from ansible.module_utils.parsing.convert_bool import boolean
@@ -319,6 +320,12 @@ def unique_names(host: str, trainers: Sequence[str]) -> dict:
 SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
+def downloadable(url: Any) -> bool:
+    """``url`` is one that get_url downloads from a server: http, https or ftp with a host."""
+    parts = urlsplit(str(url or "").strip())
+    return parts.scheme in ("http", "https", "ftp") and bool(parts.netloc)
+
+
 def dataset(host: str, sha256: Any, src: str, cache: str, url: str, stat: Mapping[str, Any]) -> dict:
     """The dataset on the controller: ``src`` (''; the download cached at ``cache``) is a file with
     ``sha256`` (``stat``: its ``ansible.builtin.stat`` with sha256); a cache not filled yet is fine."""
@@ -334,6 +341,11 @@ def dataset(host: str, sha256: Any, src: str, cache: str, url: str, stat: Mappin
     elif exists and not stat.get("isreg"):
         problem = (f"controller: the dataset {path} is not a file;"
                    " fix: point ddp_job_dataset_src at the dataset file")
+    elif not src and not exists and not downloadable(url):
+        what = "is empty" if not str(url or "").strip() else f"'{url}' is not an http, https or ftp URL"
+        problem = (f"controller: ddp_job_dataset_url {what} and no copy of the dataset is given or cached;"
+                   " fix: set it to the dataset's URL, or give a local copy: make demo"
+                   " DATASET=/path/to/input.txt, or -e ddp_job_dataset_src=/path/to/input.txt")
     elif exists and checksum != sha:
         fix = ("point ddp_job_dataset_src at an intact copy" if src else
                "delete this cached copy to download it again")
