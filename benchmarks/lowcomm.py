@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     out = a.out or a.runs_dir / f"bench-lowcomm-{time.strftime('%Y%m%d-%H%M%S')}.json"
     load_before = results.loadavg()
-    made = {"command": results.command_line(), "made": results.provenance()}
+    origin = {"command": results.command_line(), "made": results.provenance()}
     rows: list[dict] = []
     notes: list[str] = []
     try:
@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
                 plan += [("gpt2", m, a.gpt2_steps, a.seed) for m in modes if m in DDP_MODES]
             for preset, mode, steps, seed in plan:
                 rows.append(one_run(a, link, mode, preset, steps, seed))
-                out.write_text(json.dumps({"runs": rows, "notes": notes, **made}, indent=1) + "\n")
+                out.write_text(json.dumps({"runs": rows, "notes": notes, **origin}, indent=1) + "\n")
     except BenchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         if rows:
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         unshaped = unshape(a, notes)
     print(f"\n{table(rows)}\n\nraw figures: {out}")
-    print(f"results: {write_results(rows, [*notes, f'raw figures: {out}'], a, load_before, **made)}")
+    print(f"results: {write_results(rows, [*notes, f'raw figures: {out}'], a, load_before, **origin)}")
     return 0 if unshaped else 2
 
 
