@@ -207,6 +207,22 @@ def test_results_are_written_as_json_and_the_results_file(tmp_path):
     assert "before 1.00 2.00 3.00; after 1.00 1.00 1.00" in md and f"raw figures: {out}" in md
 
 
+def fake_lab(monkeypatch, tmp_path, names, read_limits=None, apply_limits=None):
+    """lab/lab.py's view of a lab of ``names`` (quota 0.6, links 1000 Mbit/s unless ``read_limits``
+    says otherwise; ``apply_limits``: what applying limits does, by default nothing), and an
+    inventory ``tmp_path/inventory`` that the benchmark's checkout (``sb.REPO``) holds."""
+    import lab
+
+    limits = lab.NodeLimits(0.6, 0.6, 1, "eth0", 1000.0)
+    monkeypatch.setattr(lab, "lab_containers", lambda: list(names))
+    monkeypatch.setattr(lab, "read_limits", read_limits or (lambda names: dict.fromkeys(names, limits)))
+    monkeypatch.setattr(lab, "apply_limits", apply_limits or (lambda *args, **kw: None))
+    monkeypatch.setattr(lab, "container_address", lambda name: "10.0.0.1")
+    (tmp_path / "inventory").mkdir()
+    (tmp_path / "inventory" / "hosts.yml").write_text("all: {}\n")
+    monkeypatch.setattr(sb, "REPO", tmp_path)
+
+
 def test_a_lab_whose_nodes_cannot_be_read_is_one_line_and_nothing_is_applied(monkeypatch, capsys, tmp_path):
     import lab
 
@@ -217,12 +233,8 @@ def test_a_lab_whose_nodes_cannot_be_read_is_one_line_and_nothing_is_applied(mon
     def unreadable(names):
         raise lab.LabError(why)
 
-    monkeypatch.setattr(lab, "lab_containers", lambda: ["laptop-a", "laptop-b", "laptop-c"])
-    monkeypatch.setattr(lab, "read_limits", unreadable)
-    monkeypatch.setattr(lab, "apply_limits", lambda *args, **kw: applied.append(args))
-    (tmp_path / "inventory").mkdir()
-    (tmp_path / "inventory" / "hosts.yml").write_text("all: {}\n")
-    monkeypatch.setattr(sb, "REPO", tmp_path)
+    fake_lab(monkeypatch, tmp_path, ["laptop-a", "laptop-b", "laptop-c"], read_limits=unreadable,
+             apply_limits=lambda *args, **kw: applied.append(args))
     assert sb.main(["-i", "inventory", "--runs-dir", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     fix = "fix: `make lab-down lab-up`, then `make demo` once to provision the laptops"
@@ -241,15 +253,8 @@ def test_limits_that_cannot_be_put_back_are_one_line_after_the_runs_error(monkey
     def one_run(*args):
         raise sb.BenchError("1 node: training failed")
 
-    monkeypatch.setattr(lab, "lab_containers", lambda: ["laptop-a", "laptop-b", "laptop-c"])
-    limits = lab.NodeLimits(0.6, 0.6, 1, "eth0", 1000.0)
-    monkeypatch.setattr(lab, "read_limits", lambda names: dict.fromkeys(names, limits))
-    monkeypatch.setattr(lab, "apply_limits", stopped)
-    monkeypatch.setattr(lab, "container_address", lambda name: "10.0.0.1")
+    fake_lab(monkeypatch, tmp_path, ["laptop-a", "laptop-b", "laptop-c"], apply_limits=stopped)
     monkeypatch.setattr(sb, "one_run", one_run)
-    (tmp_path / "inventory").mkdir()
-    (tmp_path / "inventory" / "hosts.yml").write_text("all: {}\n")
-    monkeypatch.setattr(sb, "REPO", tmp_path)
     assert sb.main(["-i", "inventory", "--runs-dir", str(tmp_path / "runs"), "--configs", "1 node",
                     "--results-name", "scaling-one-node", "--results-dir", str(tmp_path / "results")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
@@ -353,20 +358,11 @@ def test_table_write_shows_when_where_and_at_which_commit_the_figures_were_measu
 
 
 def test_a_run_records_its_provenance_beside_the_raw_figures(monkeypatch, tmp_path):
-    import lab
-
-    monkeypatch.setattr(lab, "lab_containers", lambda: ["laptop-a"])
-    limits = lab.NodeLimits(0.6, 0.6, 1, "eth0", 1000.0)
-    monkeypatch.setattr(lab, "read_limits", lambda names: dict.fromkeys(names, limits))
-    monkeypatch.setattr(lab, "apply_limits", lambda *a, **kw: None)
-    monkeypatch.setattr(lab, "container_address", lambda name: "10.0.0.1")
+    fake_lab(monkeypatch, tmp_path, ["laptop-a"])
     monkeypatch.setattr(sb, "one_run", lambda a, lab, config, names: {"config": {"label": config.label,
                                                                                  "group": config.group}})
     monkeypatch.setattr(sb, "tables", lambda results: "TABLE")
     monkeypatch.setattr(sb.bench_results, "provenance", lambda: {"date": "D", "commit": "C", "machine": "M"})
-    (tmp_path / "inventory").mkdir()
-    (tmp_path / "inventory" / "hosts.yml").write_text("all: {}\n")
-    monkeypatch.setattr(sb, "REPO", tmp_path)
     raw = tmp_path / "raw.json"
     assert sb.main(["-i", "inventory", "--runs-dir", str(tmp_path / "runs"), "--configs", "1 node",
                     "--results-name", "scaling-one-node", "--results-dir", str(tmp_path / "res"),
